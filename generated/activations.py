@@ -27,57 +27,30 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_leaky_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_leaky_tpu_blocks = rt.TpuBlocks(
+    "leaky",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
+)
 
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _leaky_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "leaky",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0
-    # MiB) + let pos 4.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) +
+    # let pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # mask: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -85,11 +58,10 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4
+            flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n
         ),
         interpret=interpret,
         name="leaky",
@@ -260,64 +232,38 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_leaky_backward_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_leaky_backward_tpu_blocks = rt.TpuBlocks(
+    "leaky_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
+)
 
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _leaky_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "leaky_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0
-    # MiB) + let pos 4.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let
+    # pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + m * n * 4
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="leaky_backward",
@@ -470,71 +416,48 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     )
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_bias_gelu_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
-    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_bias_gelu_tpu_blocks = rt.TpuBlocks(
+    "bias_gelu",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (1024, 1024)},
+        "v5e": {(8192, 8192): (2048, 1024)},
+        "v6e": {(8192, 8192): (2048, 1024)},
+    },
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        8 * block_m * block_n + 8 * block_n + 8 * block_m,
+    ),
+)
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                8 * block_m * block_n + 8 * block_n + 8 * block_m,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "bias_gelu",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + y 2.0 MiB).
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
+    # y 2.0 MiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _bias_gelu_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n,
         ),
         interpret=interpret,
         name="bias_gelu",
@@ -722,74 +645,46 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_bias_gelu_backward_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
+    "bias_gelu_backward",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 8 * block_n + 8 * block_m,
+    ),
+)
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                28 * block_m * block_n + 8 * block_n + 8 * block_m,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "bias_gelu_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0
-    # MiB + let dy_1 4.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
+    # dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0
+    # MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n,
         ),
         interpret=interpret,
         name="bias_gelu_backward",
@@ -977,7 +872,7 @@ def bias_gelu_backward(x, bias, scale, dy):
 
 
 def _bias_gelu_backward_over_m_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m
 ):
     step = pl.program_id(1)
 
@@ -1007,63 +902,39 @@ def _bias_gelu_backward_over_m_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_bias_gelu_backward_over_m_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "bias_gelu_backward_over_m",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 16 * block_n + 8 * block_m,
+    ),
+)
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                28 * block_m * block_n + 16 * block_n + 8 * block_m,
-            ),
-        ),
+        _bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "bias_gelu_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
-    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
+    # dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2
+    # 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps
-        # along M accumulate in order (arbitrary).
+        functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
+        # M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # dy: bf16[M, N]
         ],
         # dbias: f32[N], broadcast over M
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
@@ -1072,13 +943,12 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=23 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_m",
@@ -1313,7 +1183,7 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
 
 
 def _bias_gelu_backward_over_n_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n
 ):
     step = pl.program_id(1)
 
@@ -1343,63 +1213,39 @@ def _bias_gelu_backward_over_n_kernel(
         dscale_ref[...] = sum_n
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_bias_gelu_backward_over_n_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
+    "bias_gelu_backward_over_n",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 8 * block_n + 16 * block_m,
+    ),
+)
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_n_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                28 * block_m * block_n + 8 * block_n + 16 * block_m,
-            ),
-        ),
+        _bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "bias_gelu_backward_over_n",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
-    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
+    # dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let
+    # y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_n_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One step per block of M, block of N. Steps along M are independent (parallel); steps
-        # along N accumulate in order (arbitrary).
+        functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps along
+        # N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
         # dscale: f32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
@@ -1408,13 +1254,12 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_n",
@@ -1656,64 +1501,43 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_quantize_rows_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
-    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_quantize_rows_tpu_blocks = rt.TpuBlocks(
+    "quantize_rows",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (1024, 1024)},
+        "v5e": {(8192, 8192): (2048, 1024)},
+        "v6e": {(8192, 8192): (2048, 1024)},
+    },
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
+)
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _quantize_rows_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "quantize_rows",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q
-    # 1.0 MiB) + let scaled 4.0 MiB + let rounded 4.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) +
+    # let scaled 4.0 MiB + let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         _quantize_rows_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # q: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n * 1
+            flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n
         ),
         interpret=interpret,
         name="quantize_rows",

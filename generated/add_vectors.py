@@ -26,58 +26,37 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_add_vectors_tpu_blocks = {
-    None: {"default": (1048576,)},
-    "v5e": {"default": (1048576,)},
-    "v6e": {"default": (1048576,), (16777216,): (2097152,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_vectors_tpu_blocks = rt.TpuBlocks(
+    "add_vectors",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D f32", 128)},
+    chips={None: {"default": (1048576,)}, "v6e": {(16777216,): (2097152,)}},
+    step=lambda n, block_n: (block_n, 24 * block_n),
+)
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _add_vectors_tpu_blocks,
-        (n,),
-        (block_n,),
-        grow=functools.partial(rt.grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
-    )
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_vectors",
-        block_n=(
-            block_n,
-            n,
-            1024,
-            "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
-            128,
-        ),
-    )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0
-    # MiB).
+    (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
         ],
-        # z: f32[N]
-        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
+        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + n * 4
+            flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n
         ),
         interpret=interpret,
         name="add_vectors",
@@ -209,63 +188,40 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_add_vectors_backward_tpu_blocks = {
-    None: {"default": (1048576,)},
-    "v5e": {"default": (1048576,)},
-    "v6e": {"default": (1048576,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_vectors_backward_tpu_blocks = rt.TpuBlocks(
+    "add_vectors_backward",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D f32", 128)},
+    chips={None: {"default": (1048576,)}},
+    step=lambda n, block_n: (block_n, 24 * block_n),
+)
 
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _add_vectors_backward_tpu_blocks,
-        (n,),
-        (block_n,),
-        grow=functools.partial(rt.grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
-    )
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_vectors_backward",
-        block_n=(
-            block_n,
-            n,
-            1024,
-            "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
-            128,
-        ),
-    )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0
-    # MiB).
+    (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_backward_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # dz: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,))
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]
         out_specs=(
-            # dx: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # dy: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
             jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + n * 4 + n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n
         ),
         interpret=interpret,
         name="add_vectors_backward",

@@ -30,10 +30,6 @@ def _attention_kernel(
     acc_t_ref,
     sum_exp_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -143,58 +139,28 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_tpu_blocks = rt.TpuBlocks(
+    "attention",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-                + 4 * block_s,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -204,16 +170,18 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
-    # 512 B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -221,33 +189,16 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         out_specs=(
             # o: bf16[B, H, S, D]
@@ -260,23 +211,19 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention",
@@ -702,10 +649,6 @@ def _attention_backward_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -833,15 +776,22 @@ def _attention_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 24 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_backward_dq_tpu(
@@ -849,46 +799,7 @@ def _attention_backward_dq_tpu(
 ):
     """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -898,16 +809,18 @@ def _attention_backward_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) +
-    # acc_t_ref 512 B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The
+    # limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the
+    # lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -915,33 +828,16 @@ def _attention_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -961,22 +857,17 @@ def _attention_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse, dlse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_backward_dq",
@@ -1510,10 +1401,6 @@ def _attention_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -1641,15 +1528,22 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (size_s.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_backward_dkdv_tpu(
@@ -1657,46 +1551,7 @@ def _attention_backward_dkdv_tpu(
 ):
     """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (t.bit_length() - 1), 4096),
-                min(1 << (size_s.bit_length() - 1), 4096),
-            ),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
-        ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
+        _attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -1706,16 +1561,18 @@ def _attention_backward_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -1723,55 +1580,22 @@ def _attention_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -1784,26 +1608,17 @@ def _attention_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_backward_dkdv",
@@ -2302,10 +2117,6 @@ def _attention_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -2407,15 +2218,22 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_dq_tpu(
@@ -2423,45 +2241,7 @@ def _attention_dq_tpu(
 ):
     """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -2471,16 +2251,18 @@ def _attention_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
+    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -2488,33 +2270,16 @@ def _attention_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -2532,22 +2297,17 @@ def _attention_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_dq",
@@ -3030,10 +2790,6 @@ def _attention_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     s,
     block_t,
     block_s,
@@ -3154,15 +2910,22 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (s.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_dkdv_tpu(
@@ -3170,38 +2933,7 @@ def _attention_dkdv_tpu(
 ):
     """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_dkdv_tpu_blocks,
-        (b, h, t, d, s),
-        (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
-        ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(block_s, s, 128, "S is the last dimension of a block, so it is a multiple of 128"),
+        _attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -3211,16 +2943,18 @@ def _attention_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
             s=s,
             block_t=block_t,
             block_s=block_s,
@@ -3228,55 +2962,22 @@ def _attention_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -3289,26 +2990,17 @@ def _attention_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * s * d
-            + 2 * b * h * t * d * s
-            + 2 * b * h * t * s * d
-            + 2 * b * h * t * d * s,
+            flops=8 * b * h * t * s * d,
             transcendentals=b * h * t * s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_dkdv",
@@ -3787,23 +3479,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
 
 def _attention_full_with_residuals_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -3859,15 +3535,19 @@ def _attention_full_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_with_residuals_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "attention_full_with_residuals",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
+)
 
 
 def _attention_full_with_residuals_tpu(
@@ -3875,60 +3555,15 @@ def _attention_full_with_residuals_tpu(
 ):
     """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_with_residuals_tpu_blocks,
-        (b, h, s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
+        _attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
     )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full_with_residuals",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_with_residuals_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -3949,31 +3584,19 @@ def _attention_full_with_residuals_tpu(
             jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d + 2 * b * h * s * t * d,
+            flops=6 * b * h * s * d * t,
             transcendentals=b * h * s * t + b * h * s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2 + b * h * s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d + 4 * b * h * s,
         ),
         interpret=interpret,
         name="attention_full_with_residuals",
@@ -4355,22 +3978,7 @@ def attention_full_with_residuals(q, k, v, *, scale=0.125):
 
 
 def _attention_full_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -4424,72 +4032,33 @@ def _attention_full_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_full_tpu_blocks = rt.TpuBlocks(
+    "attention_full",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
+)
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
     """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_tpu_blocks,
-        (b, h, s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
+        _attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
     )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -4503,30 +4072,19 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d,
+            flops=4 * b * h * s * d * t,
             transcendentals=b * h * s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d,
         ),
         interpret=interpret,
         name="attention_full",
@@ -4893,24 +4451,7 @@ def attention_full(q, k, v, *, scale=0.125):
 
 
 def _attention_full_backward_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -4952,15 +4493,19 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_full_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+)
 
 
 def _attention_full_backward_dq_tpu(
@@ -4968,61 +4513,15 @@ def _attention_full_backward_dq_tpu(
 ):
     """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
+        _attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_backward_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -5048,31 +4547,17 @@ def _attention_full_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_full_backward_dq",
@@ -5516,12 +5001,7 @@ def _attention_full_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     size_s,
-    block_t,
     block_s,
     scale,
 ):
@@ -5571,15 +5051,19 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_full_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        block_t * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+)
 
 
 def _attention_full_backward_dkdv_tpu(
@@ -5587,62 +5071,17 @@ def _attention_full_backward_dkdv_tpu(
 ):
     """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_full_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(t, 1024), min(size_s, 1024)),
-            step=lambda block_t, block_s: (
-                block_t * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
-        ),
+        _attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_full_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(
-            _attention_full_backward_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
+            _attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -5669,36 +5108,17 @@ def _attention_full_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_full_backward_dkdv",
@@ -6144,10 +5564,7 @@ def _attention_bottom_right_with_residuals_kernel(
     sum_exp_t_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -6260,15 +5677,22 @@ def _attention_bottom_right_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_with_residuals_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_with_residuals",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_bottom_right_with_residuals_tpu(
@@ -6276,65 +5700,33 @@ def _attention_bottom_right_with_residuals_tpu(
 ):
     """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_with_residuals_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_with_residuals",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -6342,33 +5734,16 @@ def _attention_bottom_right_with_residuals_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         out_specs=(
             # o: bf16[B, H, S, D]
@@ -6381,23 +5756,19 @@ def _attention_bottom_right_with_residuals_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_bottom_right_with_residuals",
@@ -6803,10 +6174,7 @@ def _attention_bottom_right_kernel(
     sum_exp_t_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -6917,77 +6285,54 @@ def _attention_bottom_right_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_bottom_right_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB
+    # whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1)
+    # value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -6995,55 +6340,34 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         # o: bf16[B, H, S, D]
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d,
         ),
         interpret=interpret,
         name="attention_bottom_right",
@@ -7451,10 +6775,7 @@ def _attention_bottom_right_backward_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -7566,15 +6887,22 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_bottom_right_backward_dq_tpu(
@@ -7582,66 +6910,33 @@ def _attention_bottom_right_backward_dq_tpu(
 ):
     """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
+    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -7649,33 +6944,16 @@ def _attention_bottom_right_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -7693,22 +6971,17 @@ def _attention_bottom_right_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dq",
@@ -8210,10 +7483,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -8344,15 +7614,22 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (size_s.bit_length() - 1), 4096),
+    ),
+)
 
 
 def _attention_bottom_right_backward_dkdv_tpu(
@@ -8360,67 +7637,33 @@ def _attention_bottom_right_backward_dkdv_tpu(
 ):
     """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_bottom_right_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (t.bit_length() - 1), 4096),
-                min(1 << (size_s.bit_length() - 1), 4096),
-            ),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
-        ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
+        _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda t_start, s_start, block_t, block_s: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda t_start, s_start, block_t, block_s: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
+
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
-            b=b,
-            h=h,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -8428,55 +7671,22 @@ def _attention_bottom_right_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -8489,26 +7699,17 @@ def _attention_bottom_right_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dkdv",
@@ -9005,23 +8206,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
 
 
 def _gqa_with_residuals_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t
 ):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
@@ -9074,74 +8259,34 @@ def _gqa_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_with_residuals_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "gqa_with_residuals",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+)
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _gqa_with_residuals_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
+        _gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_with_residuals",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_with_residuals_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -9162,31 +8307,19 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
             jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            flops=4 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t + b * g * r * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2 + b * g * r * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d + 4 * b * g * r * size_s,
         ),
         interpret=interpret,
         name="gqa_with_residuals",
@@ -9552,24 +8685,7 @@ def gqa_with_residuals(q, k, v):
     return o, lse
 
 
-def _gqa_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-):
+def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
@@ -9619,64 +8735,32 @@ def _gqa_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_gqa_tpu_blocks = rt.TpuBlocks(
+    "gqa",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+)
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _gqa_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_kernel, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -9692,30 +8776,19 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
         ),
         out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            flops=4 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d,
         ),
         interpret=interpret,
         name="gqa",
@@ -10075,24 +9148,7 @@ def gqa(q, k, v):
 
 
 def _gqa_backward_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t
 ):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
@@ -10134,15 +9190,19 @@ def _gqa_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_backward_dq_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_dq",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+)
 
 
 def _gqa_backward_dq_tpu(
@@ -10150,61 +9210,16 @@ def _gqa_backward_dq_tpu(
 ):
     """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _gqa_backward_dq_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
+        _gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dq_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -10230,31 +9245,17 @@ def _gqa_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d
-            + 2 * b * g * r * size_s * t * d
-            + 2 * b * g * r * size_s * d * t,
+            flops=6 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * g * r * size_s * d * 2
-            + b * g * r * size_s * 4,
+            + 2 * b * g * r * size_s * d
+            + 4 * b * g * r * size_s,
         ),
         interpret=interpret,
         name="gqa_backward_dq",
@@ -10707,13 +9708,7 @@ def _gqa_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    g,
-    r,
-    t,
-    d,
     size_s,
-    block_t,
     block_s,
 ):
     s_start = pl.program_id(4) * block_s
@@ -10762,15 +9757,19 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, T, D, S) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_backward_dkdv_tpu_blocks = {
-    None: {"default": (256, 128)},
-    "v5e": {"default": (256, 128)},
-    "v6e": {"default": (256, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_dkdv",
+    sizes=("B", "G", "R", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (256, 128)}},
+    step=lambda b, g, r, t, d, size_s, block_t, block_s: (
+        block_t * block_s,
+        8 * block_s * d + 32 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+)
 
 
 def _gqa_backward_dkdv_tpu(
@@ -10778,62 +9777,16 @@ def _gqa_backward_dkdv_tpu(
 ):
     """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _gqa_backward_dkdv_tpu_blocks,
-        (b, g, r, t, d, size_s),
-        (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(t, 1024), min(size_s, 1024)),
-            step=lambda block_t, block_s: (
-                block_t * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 8 * block_t * d
-                + 8 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
-        ),
+        _gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s)
     )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "gqa_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B
-    # + v 512 B + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) +
-    # acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
+    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B
+    # + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB +
+    # acc_s_2_ref 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dkdv_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-        ),
-        # One step per element of B, element of G, element of R, block of T, block of S (D
-        # taken whole). Steps along B, G, R, T are independent (parallel); steps along S
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
+        # One step per element of B, element of G, element of R, block of T, block of S (D taken
+        # whole). Steps along B, G, R, T are independent (parallel); steps along S accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -10860,36 +9813,17 @@ def _gqa_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 8 * block_t * d
-                + 8 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * t * size_s * d
-            + 2 * b * g * r * t * d * size_s
-            + 2 * b * g * r * t * size_s * d
-            + 2 * b * g * r * t * d * size_s,
+            flops=8 * b * g * r * t * size_s * d,
             transcendentals=b * g * r * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * g * r * t * d * 4
-            + b * g * r * t * d * 4,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 8 * b * g * r * t * d,
         ),
         interpret=interpret,
         name="gqa_backward_dkdv",
@@ -11334,70 +10268,39 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     return dk_r, dv_r
 
 
-def _gqa_backward_over_r_kernel(
-    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, r, t, d, block_b, block_g, block_t
-):
+def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dk_r = dk_r_ref[...]
     dv_r = dv_r_ref[...]
     dk_ref[...] = jnp.sum(dk_r, axis=2, keepdims=True).astype(jnp.bfloat16)
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_b, block_g, block_t) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, G, R, T, D) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
-_gqa_backward_over_r_tpu_blocks = {
-    None: {"default": (1, 1, 256)},
-    "v5e": {"default": (1, 1, 256)},
-    "v6e": {"default": (1, 1, 256)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_over_r",
+    sizes=("B", "G", "R", "T", "D"),
+    tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
+    chips={None: {"default": (1, 1, 256)}},
+    step=lambda b, g, r, t, d, block_b, block_g, block_t: (
+        block_b * block_g * r * block_t * d,
+        24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
+    ),
+)
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
     """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_g, block_t = rt.tpu_blocks(
-        _gqa_backward_over_r_tpu_blocks,
-        (b, g, r, t, d),
-        (block_b, block_g, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(b, g, t),
-            step=lambda block_b, block_g, block_t: (
-                block_b * block_g * r * block_t * d,
-                24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
-            ),
-        ),
+        _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
     )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_g = min(block_g, g)  # a small G is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_backward_over_r",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB +
-    # dv_r 1.0 KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's
-    # 32-bit copy of a block 1.0 KiB.
+    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0
+    # KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a
+    # block 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_over_r_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            block_b=block_b,
-            block_g=block_g,
-            block_t=block_t,
-        ),
-        # One step per block of B, block of G, block of T (R, D taken whole); steps are
-        # independent, so every axis is parallel.
+        _gqa_backward_over_r_kernel,
+        # One step per block of B, block of G, block of T (R, D taken whole); steps are independent,
+        # so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
         in_specs=[
             # dk_r: f32[B, G, R, T, D]
@@ -11417,7 +10320,6 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d
             ),
@@ -11425,7 +10327,7 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * t * d,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dk_r, dv_r) + b * g * r * t * d * 2 + b * g * r * t * d * 2,
+            bytes_accessed=rt.nbytes(dk_r, dv_r) + 4 * b * g * r * t * d,
         ),
         interpret=interpret,
         name="gqa_backward_over_r",
@@ -11691,7 +10593,7 @@ def gqa_backward_over_r(dk_r, dv_r):
     return dk, dv
 
 
-def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
+def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
     k_start = pl.program_id(1) * block_k
     step = pl.program_id(1)
 
@@ -11716,71 +10618,46 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, 
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-# TPU blocks (block_m, block_k) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N, K) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_matmul_softmax_tpu_blocks = {
-    None: {"default": (128, 512)},
-    "v5e": {"default": (128, 512)},
-    "v6e": {"default": (128, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_softmax_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
+    chips={None: {"default": (128, 512)}},
+    step=lambda m, n, k, block_m, block_k: (
+        block_m * block_k,
+        4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
+    ),
+    bounds=lambda m, n, k: (min(m, 1024), min(k, 1024)),
+)
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     """`matmul_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k = rt.tpu_blocks(
-        _matmul_softmax_tpu_blocks,
-        (m, n, k),
-        (block_m, block_k),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), min(k, 1024)),
-            step=lambda block_m, block_k: (
-                block_m * block_k,
-                4 * block_m * block_k + 4 * block_k * n + 8 * block_m * n + 4 * block_m * n,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_softmax",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w
-    # 1.0 KiB + y 512 B) + acc_k_ref 512 B.
+    block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
+    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y
+    # 512 B) + acc_k_ref 512 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_matmul_softmax_kernel, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
-            # w: bf16[K, N]
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # x: bf16[M, K]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N]
         ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * n + 8 * block_m * n + 4 * block_m * n
+                4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 4
+            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul_softmax",
@@ -12151,66 +11028,44 @@ def matmul_softmax(x, w):
     return y
 
 
-def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref, *, m, n, block_m):
+def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     y = y_ref[...]
     dy = dy_ref[...]
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_softmax_backward_tpu_blocks = {
-    None: {"default": (128,)},
-    "v5e": {"default": (128,)},
-    "v6e": {"default": (128,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n),
+)
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
     """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _matmul_softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B
-    # + dacc 256 B) + sum's 32-bit copy of a block 512 B.
+    (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256
+    # B) + sum's 32-bit copy of a block 512 B. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(_matmul_softmax_backward_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _matmul_softmax_backward_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + m * n * 2
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="matmul_softmax_backward",
@@ -12440,15 +11295,18 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_softmax_backward_x_tpu_blocks = {
-    None: {"default": (128, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (128, 512, 512)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -12456,47 +11314,31 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward_x",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx
-    # 128.0 KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB.
+    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0
+    # KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dacc: bf16[M, N]
             # w: bf16[K, N], read transposed
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + 2 * m * k
         ),
         interpret=interpret,
         name="matmul_softmax_backward_x",
@@ -12736,15 +11578,18 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_softmax_backward_w_tpu_blocks = {
-    None: {"default": (512, 512, 128)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward_w",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={
+        None: {"default": (512, 512, 128)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -12752,22 +11597,9 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward_w",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw
-    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0
+    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -12776,23 +11608,20 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         in_specs=[
             # x: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dacc: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + 2 * k * n
         ),
         interpret=interpret,
         name="matmul_softmax_backward_w",
@@ -13003,7 +11832,7 @@ def matmul_softmax_backward_w(x, dacc):
     return dw
 
 
-def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):
+def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     w = w_ref[...]
@@ -13017,71 +11846,50 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, bloc
     ).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N, K) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_rmsnorm_matmul_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512), (1024, 1024, 1024): (256, 1024)},
-    "v6e": {"default": (256, 512), (1024, 1024, 1024): (512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512)},
+        "v5e": {(1024, 1024, 1024): (256, 1024)},
+        "v6e": {(1024, 1024, 1024): (512, 1024)},
+    },
+    step=lambda m, n, k, block_m, block_n: (
+        block_m * block_n,
+        4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
+    ),
+    bounds=lambda m, n, k: (min(m, 1024), 512),
+)
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     """`rmsnorm_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _rmsnorm_matmul_tpu_blocks,
-        (m, n, k),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), 512),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # w 1.0 KiB + y 256.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
+    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB
+    # + y 256.0 KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        # One step per block of M, block of N (K taken whole); steps are independent, so every
-        # axis is parallel.
+        functools.partial(_rmsnorm_matmul_kernel, k=k),
+        # One step per block of M, block of N (K taken whole); steps are independent, so every axis
+        # is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # g: f32[K]
-            pl.BlockSpec((1, k), lambda i, j: (0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i, j: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # w: bf16[K, N]
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + m * n * 2
+            flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + 2 * m * n
         ),
         interpret=interpret,
         name="rmsnorm_matmul",
@@ -13446,7 +12254,7 @@ def rmsnorm_matmul(x, g, w):
     return y
 
 
-def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block_m):
+def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     h = x.astype(jnp.float32)
@@ -13455,57 +12263,34 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,), (1024, 1024): (512,)},
-    "v6e": {"default": (256,), (1024, 1024): (512,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (512,)}, "v6e": {(1024, 1024): (512,)}},
+    step=lambda m, k, block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
+)
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_tpu_blocks,
-        (m, k),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # lhs 512 B + mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
+    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B +
+    # mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB. Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
+        # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, k), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
         ],
         out_specs=(
-            # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -13513,13 +12298,10 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * k,
-            transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, g) + m * k * 2 + m * k * 4,
+            flops=7 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g) + 6 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs",
@@ -13758,15 +12540,18 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
         dlhs_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_rmsnorm_matmul_backward_lhs_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_backward_lhs",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512, 512)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -13774,47 +12559,31 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_backward_lhs",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs
-    # 256.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0
+    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
             # w: bf16[K, N], read transposed
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
-        # dlhs: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_lhs",
@@ -14054,15 +12823,18 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_rmsnorm_matmul_backward_w_tpu_blocks = {
-    None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_backward_w",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={
+        None: {"default": (512, 512, 256)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -14070,22 +12842,9 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_backward_w",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw
-    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0
+    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -14094,23 +12853,20 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         in_specs=[
             # lhs: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dy: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + 2 * k * n
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_w",
@@ -14321,9 +13077,7 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     return dw
 
 
-def _rmsnorm_matmul_lhs_backward_kernel(
-    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k, block_m
-):
+def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     mean_k = mean_k_ref[...]
@@ -14338,70 +13092,44 @@ def _rmsnorm_matmul_lhs_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_backward_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,), (1024, 1024): (256,)},
-    "v6e": {"default": (256,), (1024, 1024): (256,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs_backward",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (256,)}, "v6e": {(1024, 1024): (256,)}},
+    step=lambda m, k, block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
+)
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_backward_tpu_blocks,
-        (m, k),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # mean_k 1.0 KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let
-    # h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2
-    # 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
+    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0
+    # KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let
+    # lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0
+    # KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_backward_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
+        # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, k), lambda i: (0, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * k,
             transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + m * k * 2,
+            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward",
@@ -14670,7 +13398,7 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, k, block_m
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, block_m
 ):
     step = pl.program_id(0)
 
@@ -14697,70 +13425,45 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(
         dg_ref[...] = sum_m
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs_backward_over_m",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}},
+    step=lambda m, k, block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
+)
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks,
-        (m, k),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k
-    # 1.0 KiB + dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0
-    # KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0
-    # KiB.
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
+    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB +
+    # dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0
+    # KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole). Steps along M accumulate in order
-        # (arbitrary).
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
+        # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dg: f32[K], broadcast over M
-        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),
+        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * k,
             transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + m * k * 4,
+            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward_over_m",

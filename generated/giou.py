@@ -43,80 +43,49 @@ def _giou_kernel(
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
-# TPU blocks (block_b, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_giou_tpu_blocks = {
-    None: {"default": (256, 1024)},
-    "v5e": {"default": (256, 1024)},
-    "v6e": {"default": (256, 1024), (1024, 4096): (256, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_giou_tpu_blocks = rt.TpuBlocks(
+    "giou",
+    sizes=("B", "N"),
+    tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 1024)}, "v6e": {(1024, 4096): (256, 1024)}},
+    step=lambda b, n, block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
+)
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = rt.tpu_blocks(
-        _giou_tpu_blocks,
-        (b, n),
-        (block_b, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
-        ),
-    )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "giou",
-        block_b=(
-            block_b,
-            b,
-            8,
-            "B is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
-    # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou
-    # 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let
-    # inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
+    block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
+    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
+    # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let
+    # area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter
+    # 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
-        # One step per block of B, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of B, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
         ],
-        # giou: f32[B, N]
-        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(100 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) + b * n * 4,
+            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) + 4 * b * n,
         ),
         interpret=interpret,
         name="giou",
@@ -556,101 +525,61 @@ def _giou_backward_kernel(
     )
 
 
-# TPU blocks (block_b, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_giou_backward_tpu_blocks = {
-    None: {"default": (256, 1024)},
-    "v5e": {"default": (256, 1024)},
-    "v6e": {"default": (256, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_giou_backward_tpu_blocks = rt.TpuBlocks(
+    "giou_backward",
+    sizes=("B", "N"),
+    tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 1024)}},
+    step=lambda b, n, block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
+)
 
 
 def _giou_backward_tpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret
 ):
     """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = rt.tpu_blocks(
-        _giou_backward_tpu_blocks,
-        (b, n),
-        (block_b, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
-        ),
-    )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "giou_backward",
-        block_b=(
-            block_b,
-            b,
-            8,
-            "B is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
-    # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB +
-    # dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0
-    # MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let
-    # area_a_2 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB
-    # + let area_b 1.0 MiB + let inter_w_1 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3
-    # 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let inter_h_2 1.0 MiB + let
-    # inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB +
-    # let hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0 MiB +
-    # let hull_5 1.0 MiB + let hull_6 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB +
-    # let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB
-    # + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0
-    # MiB + let dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h
-    # 1.0 MiB + let dinter_h_1 1.0 MiB + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB +
-    # let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0 MiB + let
-    # darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
+    block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
+    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
+    # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0
+    # MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB
+    # + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let area_a_2 1.0 MiB + let area_a 1.0 MiB + let
+    # area_b_1 1.0 MiB + let area_b_2 1.0 MiB + let area_b 1.0 MiB + let inter_w_1 1.0 MiB + let
+    # inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let
+    # inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let
+    # union 1.0 MiB + let hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0
+    # MiB + let hull_5 1.0 MiB + let hull_6 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB + let
+    # giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB + let dhull
+    # 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0 MiB + let dhull_4 1.0
+    # MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB
+    # + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0
+    # MiB + let darea_b_1 1.0 MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2
+    # 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
-        # One step per block of B, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of B, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dgiou: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dgiou: f32[B, N]
         ],
         out_specs=(
-            # dax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby2: f32[B, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
@@ -664,21 +593,12 @@ def _giou_backward_tpu(
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4
-            + b * n * 4,
+            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou) + 32 * b * n,
         ),
         interpret=interpret,
         name="giou_backward",

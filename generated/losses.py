@@ -29,9 +29,7 @@ def _cross_entropy_with_residuals_kernel(
     logsumexp_over_v_sum_ref,
     sum_v_running_ref,
     *,
-    m,
     v,
-    block_m,
     block_v,
 ):
     step = pl.program_id(1)
@@ -75,63 +73,41 @@ def _cross_entropy_with_residuals_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_cross_entropy_with_residuals_tpu_blocks = {
-    None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
-    "v6e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "cross_entropy_with_residuals",
+    sizes=("M", "V"),
+    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
+    chips={
+        None: {"default": (16, 2048)},
+        "v5e": {(4096, 32768): (128, 16384)},
+        "v6e": {(4096, 32768): (128, 16384)},
+    },
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
+)
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_with_residuals_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, v),
-            step=lambda block_m, block_v: (
-                block_m * block_v,
-                16 * block_m * block_v + 24 * block_m,
-            ),
-        ),
+        _cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_v = min(block_v, v)  # a small V is one whole block
-    rt.check_tiling(
-        "cross_entropy_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # loss 64 B + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's
-    # 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
+    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B
+    # + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
+    # block 128.0 KiB + let z 128.0 KiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_with_residuals_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps
-        # along V accumulate in order (arbitrary).
+        functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
+        # V accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
         ],
         out_specs=(
-            # loss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
             # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
         ),
@@ -149,13 +125,12 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * v,
             transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + m * v * 4 + m * v * 4,
+            bytes_accessed=rt.nbytes(logits, label) + 8 * m * v,
         ),
         interpret=interpret,
         name="cross_entropy_with_residuals",
@@ -420,9 +395,7 @@ def _cross_entropy_kernel(
     logsumexp_v_sum_ref,
     sum_v_running_ref,
     *,
-    m,
     v,
-    block_m,
     block_v,
 ):
     step = pl.program_id(1)
@@ -458,60 +431,33 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_cross_entropy_tpu_blocks = {
-    None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048)},
-    "v6e": {"default": (16, 2048)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_cross_entropy_tpu_blocks = rt.TpuBlocks(
+    "cross_entropy",
+    sizes=("M", "V"),
+    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
+    chips={None: {"default": (16, 2048)}},
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 16 * block_m),
+)
 
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, v),
-            step=lambda block_m, block_v: (
-                block_m * block_v,
-                16 * block_m * block_v + 16 * block_m,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_v = min(block_v, v)  # a small V is one whole block
-    rt.check_tiling(
-        "cross_entropy",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # loss 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
-    # block 128.0 KiB + let z 128.0 KiB.
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
+    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B)
+    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let
+    # z 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_cross_entropy_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps
-        # along V accumulate in order (arbitrary).
+        functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
+        # V accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
         ],
-        # loss: f32[M], broadcast over V
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         scratch_shapes=[
             # logsumexp_v_max_ref: the running logsumexp over V of one block
@@ -523,13 +469,12 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * v,
             transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + m * v * 4,
+            bytes_accessed=rt.nbytes(logits, label) + 4 * m * v,
         ),
         interpret=interpret,
         name="cross_entropy",
@@ -764,7 +709,7 @@ def cross_entropy(logits, label):
 
 
 def _cross_entropy_backward_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v
 ):
     logits = logits_ref[...]
     label = label_ref[...]
@@ -778,78 +723,50 @@ def _cross_entropy_backward_kernel(
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_cross_entropy_backward_tpu_blocks = {
-    None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
-    "v6e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
+    "cross_entropy_backward",
+    sizes=("M", "V"),
+    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
+    chips={
+        None: {"default": (16, 2048)},
+        "v5e": {(4096, 32768): (64, 16384)},
+        "v6e": {(4096, 32768): (64, 16384)},
+    },
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
+)
 
 
 def _cross_entropy_backward_tpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
 ):
     """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_backward_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, v),
-            step=lambda block_m, block_v: (
-                block_m * block_v,
-                20 * block_m * block_v + 24 * block_m,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_v = min(block_v, v)  # a small V is one whole block
-    rt.check_tiling(
-        "cross_entropy_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
-    )
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1
-    # 128.0 KiB + let dz 128.0 KiB.
+    # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB +
+    # let dz 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_backward_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
-        # One step per block of M, block of V; steps are independent, so every axis is
-        # parallel.
+        functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
+        # One step per block of M, block of V; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
             # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dloss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
-        # dlogits: bf16[M, V]
-        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(20 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * v,
             transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label, logsumexp_v, dloss) + m * v * 2,
+            bytes_accessed=rt.nbytes(logits, label, logsumexp_v, dloss) + 2 * m * v,
         ),
         interpret=interpret,
         name="cross_entropy_backward",

@@ -39,15 +39,18 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
-    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_tpu_blocks = rt.TpuBlocks(
+    "matmul",
+    sizes=("M", "N", "K"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (512, 1024, 1024)},
+        "v5e": {(4096, 4096, 4096): (1024, 512, 4096)},
+        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+    },
+)
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -55,47 +58,30 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul",
@@ -329,15 +315,14 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_backward_x_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
+    "matmul_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
+)
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -345,47 +330,31 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "matmul_backward_x",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: f32[M, N]
             # y: f32[K, N], read transposed
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 4 * m * k
         ),
         interpret=interpret,
         name="matmul_backward_x",
@@ -612,15 +581,14 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
         dy_ref[...] = acc
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_backward_y_tpu_blocks = {
-    None: {"default": (1024, 1024, 512)},
-    "v5e": {"default": (1024, 1024, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
+    "matmul_backward_y",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
+    chips={None: {"default": (1024, 1024, 512)}, "v6e": {"default": (1024, 1024, 1024)}},
+)
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -628,22 +596,9 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_backward_y",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0
-    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -652,23 +607,20 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         in_specs=[
             # x: f32[M, K], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dz: f32[M, N]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + 4 * k * n
         ),
         interpret=interpret,
         name="matmul_backward_y",
@@ -897,15 +849,18 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_relu_with_residuals_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "matmul_relu_with_residuals",
+    sizes=("M", "N", "K"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512, 512)},
+        "v5e": {"default": (512, 512, 512)},
+        "v6e": {"default": (1024, 1024, 1024)},
+    },
+)
 
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -913,38 +868,21 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_relu_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc
+    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: f32[K, N]
         ],
         out_specs=(
-            # z: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
@@ -954,7 +892,6 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
             ),
@@ -962,7 +899,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y) + 8 * m * n,
         ),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -1218,15 +1155,18 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_relu_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
-    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_relu_tpu_blocks = rt.TpuBlocks(
+    "matmul_relu",
+    sizes=("M", "N", "K"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512, 512)},
+        "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
+        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+    },
+)
 
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -1234,41 +1174,24 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_relu",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) +
+    # f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
@@ -1276,7 +1199,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y) + 4 * m * n,
         ),
         interpret=interpret,
         name="matmul_relu",
@@ -1492,9 +1415,7 @@ def matmul_relu(x, y):
     return z
 
 
-def _matmul_relu_backward_x_kernel(
-    acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
@@ -1521,91 +1442,51 @@ def _matmul_relu_backward_x_kernel(
         dx_ref[...] = acc_n
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_relu_backward_x_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (256, 512, 512)},
-    "v6e": {"default": (256, 512, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
+    "matmul_relu_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512, 512)}},
+    step=lambda m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
+    ),
+    bounds=lambda m, k, n: (min(m, 1024), 512, min(n, 1024)),
+)
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_relu_backward_x_tpu_blocks,
-        (m, k, n),
-        (block_m, block_k, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), 512, min(n, 1024)),
-            step=lambda block_m, block_k, block_n: (
-                block_m * block_k * block_n,
-                8 * block_m * block_n
-                + 8 * block_m * block_n
-                + 8 * block_k * block_n
-                + 8 * block_m * block_k
-                + 4 * block_m * block_k,
-            ),
-        ),
+        _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "matmul_relu_backward_x",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y
-    # 1.0 MiB + dx 512.0 KiB) + acc_n_ref 512.0 KiB.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB +
+    # dx 512.0 KiB) + acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_x_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N]
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 8 * block_m * block_n
-                + 8 * block_k * block_n
-                + 8 * block_m * block_k
-                + 4 * block_m * block_k
+                16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + 4 * m * k
         ),
         interpret=interpret,
         name="matmul_relu_backward_x",
@@ -1916,9 +1797,7 @@ def matmul_relu_backward_x(acc, dz, y):
     return dx
 
 
-def _matmul_relu_backward_y_kernel(
-    acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *, m, block_m):
     m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
@@ -1945,91 +1824,51 @@ def _matmul_relu_backward_y_kernel(
         dy_ref[...] = acc_m
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_relu_backward_y_tpu_blocks = {
-    None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 256)},
-    "v6e": {"default": (512, 512, 256)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
+    "matmul_relu_backward_y",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
+    chips={None: {"default": (512, 512, 256)}},
+    step=lambda k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
+    ),
+    bounds=lambda k, n, m: (min(k, 1024), 512, min(m, 1024)),
+)
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_relu_backward_y_tpu_blocks,
-        (k, n, m),
-        (block_k, block_n, block_m),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(k, 1024), 512, min(m, 1024)),
-            step=lambda block_k, block_n, block_m: (
-                block_k * block_n * block_m,
-                8 * block_m * block_n
-                + 8 * block_m * block_n
-                + 8 * block_m * block_k
-                + 8 * block_k * block_n
-                + 4 * block_k * block_n,
-            ),
-        ),
+        _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_relu_backward_y",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x
-    # 512.0 KiB + dy 1.0 MiB) + acc_m_ref 1.0 MiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB
+    # + dy 1.0 MiB) + acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_y_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
         # (parallel); steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 8 * block_m * block_n
-                + 8 * block_m * block_k
-                + 8 * block_k * block_n
-                + 4 * block_k * block_n
+                16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + 4 * k * n
         ),
         interpret=interpret,
         name="matmul_relu_backward_y",
@@ -2375,15 +2214,18 @@ def _matmul_bias_gelu_with_residuals_kernel(
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_bias_gelu_with_residuals_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (512, 512, 4096)},
-    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "matmul_bias_gelu_with_residuals",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (512, 1024, 1024)},
+        "v5e": {(4096, 4096, 4096): (512, 512, 4096)},
+        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
+    },
+)
 
 
 def _matmul_bias_gelu_with_residuals_tpu(
@@ -2393,40 +2235,22 @@ def _matmul_bias_gelu_with_residuals_tpu(
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_bias_gelu_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
+    # 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
         ],
         out_specs=(
-            # z: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
@@ -2436,7 +2260,6 @@ def _matmul_bias_gelu_with_residuals_tpu(
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
             ),
@@ -2444,7 +2267,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
@@ -2740,19 +2563,22 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_bias_gelu_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    "v6e": {
-        "default": (1024, 1024, 1024),
-        (4096, 4096, 4096): (1024, 1024, 4096),
-        (8192, 8192, 8192): (1024, 1024, 1024),
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
+    "matmul_bias_gelu",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (512, 1024, 1024)},
+        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+        "v6e": {
+            "default": (1024, 1024, 1024),
+            (4096, 4096, 4096): (1024, 1024, 4096),
+            (8192, 8192, 8192): (1024, 1024, 1024),
+        },
     },
-}
+)
 
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -2760,43 +2586,25 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_bias_gelu",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # z: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
             ),
@@ -2804,7 +2612,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n,
         ),
         interpret=interpret,
         name="matmul_bias_gelu",
@@ -3060,7 +2868,7 @@ def matmul_bias_gelu(x, y, bias):
 
 
 def _matmul_bias_gelu_backward_x_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, m, k, n, block_m, block_k, block_n
+    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n
 ):
     n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
@@ -3095,15 +2903,23 @@ def _matmul_bias_gelu_backward_x_kernel(
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_bias_gelu_backward_x_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (2048, 4096, 128)},
-    "v6e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
+    "matmul_bias_gelu_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (512, 1024, 1024)},
+        "v5e": {(4096, 4096, 4096): (2048, 4096, 128)},
+        "v6e": {(4096, 4096, 4096): (1024, 4096, 512)},
+    },
+    step=lambda m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+    ),
+    bounds=lambda m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+)
 
 
 def _matmul_bias_gelu_backward_x_tpu(
@@ -3111,83 +2927,36 @@ def _matmul_bias_gelu_backward_x_tpu(
 ):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_x_tpu_blocks,
-        (m, k, n),
-        (block_m, block_k, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), 1024, min(n, 1024)),
-            step=lambda block_m, block_k, block_n: (
-                block_m * block_k * block_n,
-                8 * block_m * block_n
-                + 8 * block_n
-                + 4 * block_m * block_n
-                + 4 * block_k * block_n
-                + 4 * block_m * block_k
-                + 4 * block_m * block_k,
-            ),
-        ),
+        _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "matmul_bias_gelu_backward_x",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
-    # 1.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
+    # y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_x_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # bias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, k)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, k)),  # bias: f32[N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: bf16[M, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: bf16[K, N]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 8 * block_n
-                + 4 * block_m * block_n
-                + 4 * block_k * block_n
-                + 4 * block_m * block_k
-                + 4 * block_m * block_k
+                12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(acc, bias, dz, y) + m * k * 2,
+            bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
@@ -3531,21 +3300,7 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
 
 
 def _matmul_bias_gelu_backward_y_kernel(
-    acc_ref,
-    bias_ref,
-    dz_ref,
-    x_ref,
-    dy_ref,
-    dbias_ref,
-    acc_m_ref,
-    sum_m_ref,
-    *,
-    k,
-    n,
-    m,
-    block_k,
-    block_n,
-    block_m,
+    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, acc_m_ref, sum_m_ref, *, m, block_m
 ):
     m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
@@ -3587,15 +3342,23 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_bias_gelu_backward_y_tpu_blocks = {
-    None: {"default": (1024, 1024, 512)},
-    "v5e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
+    "matmul_bias_gelu_backward_y",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={
+        None: {"default": (1024, 1024, 512)},
+        "v5e": {(4096, 4096, 4096): (4096, 512, 1024)},
+        "v6e": {(4096, 4096, 4096): (4096, 512, 1024)},
+    },
+    step=lambda k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+    ),
+    bounds=lambda k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+)
 
 
 def _matmul_bias_gelu_backward_y_tpu(
@@ -3603,99 +3366,47 @@ def _matmul_bias_gelu_backward_y_tpu(
 ):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_y_tpu_blocks,
-        (k, n, m),
-        (block_k, block_n, block_m),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(k, 1024), 1024, min(m, 1024)),
-            step=lambda block_k, block_n, block_m: (
-                block_k * block_n * block_m,
-                8 * block_m * block_n
-                + 8 * block_n
-                + 4 * block_m * block_n
-                + 4 * block_m * block_k
-                + 4 * block_k * block_n
-                + 8 * block_n
-                + 4 * block_k * block_n
-                + 4 * block_n,
-            ),
-        ),
+        _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_bias_gelu_backward_y",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
-    # 1.0 MiB + x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref
-    # 4.0 KiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
+    # x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        # One step per block of N, block of K, block of M. Steps along N are independent
-        # (parallel); steps along K, M accumulate in order (arbitrary).
+        functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
+        # One step per block of N, block of K, block of M. Steps along N are independent (parallel);
+        # steps along K, M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
-            # bias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # acc: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),  # bias: f32[N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K]
         ],
         out_specs=(
-            # dy: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, i)),
-            # dbias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, i)),  # dy: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),  # dbias: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
             jax.ShapeDtypeStruct((1, n), jnp.float32),  # dbias
         ),
         scratch_shapes=[
-            # acc_m_ref: the product over M
-            pltpu.VMEM((block_k, block_n), jnp.float32),
-            # sum_m_ref: the running sum over M
-            pltpu.VMEM((1, block_n), jnp.float32),
+            pltpu.VMEM((block_k, block_n), jnp.float32),  # acc_m_ref: the product over M
+            pltpu.VMEM((1, block_n), jnp.float32),  # sum_m_ref: the running sum over M
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 8 * block_n
-                + 4 * block_m * block_n
+                12 * block_m * block_n
+                + 20 * block_n
                 + 4 * block_m * block_k
-                + 4 * block_k * block_n
-                + 8 * block_n
-                + 4 * block_k * block_n
-                + 4 * block_n
+                + 8 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m,
             transcendentals=n * m,
-            bytes_accessed=rt.nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
+            bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
@@ -4174,15 +3885,14 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_int8_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_matmul_int8_tpu_blocks = rt.TpuBlocks(
+    "matmul_int8",
+    sizes=("M", "N", "K"),
+    tiling={"M": (32, "i8 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
+)
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -4190,47 +3900,30 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_int8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
-    # MiB) + i32 accumulator 2.0 MiB + i32 product step 2.0 MiB.
+    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32
+    # accumulator 2.0 MiB + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: i8[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: i8[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: i8[M, K]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: i8[K, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         # acc_ref: the i32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul_int8",
@@ -4466,15 +4159,18 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, M, N, K) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
-_batched_matmul_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
-    "v6e": {"default": (1024, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_batched_matmul_tpu_blocks = rt.TpuBlocks(
+    "batched_matmul",
+    sizes=("B", "M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (512, 1024, 1024)},
+        "v5e": {(8, 2048, 2048, 2048): (1024, 1024, 2048)},
+        "v6e": {"default": (1024, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
+    },
+)
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
@@ -4482,26 +4178,13 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     block_m, block_n, block_k = rt.tpu_blocks(
         _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "batched_matmul",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
-        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
-        # are independent (parallel); steps along K accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are
+        # independent (parallel); steps along K accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[B, M, K]
@@ -4516,18 +4199,14 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k
-                + 4 * block_k * block_n
-                + 8 * block_m * block_n
-                + 8 * block_m * block_n
+                4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * n * k,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + b * m * n * 4,
+            bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n,
         ),
         interpret=interpret,
         name="batched_matmul",
@@ -4749,9 +4428,7 @@ def batched_matmul(x, y):
     return z
 
 
-def _batched_matmul_backward_x_kernel(
-    dz_ref, y_ref, dx_ref, acc_n_ref, *, b, m, k, n, block_m, block_k, block_n
-):
+def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     n_start = pl.program_id(3) * block_n
     step = pl.program_id(3)
 
@@ -4777,64 +4454,32 @@ def _batched_matmul_backward_x_kernel(
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, M, K, N) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_batched_matmul_backward_x_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (512, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
+    "batched_matmul_backward_x",
+    sizes=("B", "M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={None: {"default": (512, 1024, 1024)}},
+    step=lambda b, m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+    ),
+    bounds=lambda b, m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+)
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
     """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _batched_matmul_backward_x_tpu_blocks,
-        (b, m, k, n),
-        (block_m, block_k, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), 1024, min(n, 1024)),
-            step=lambda block_m, block_k, block_n: (
-                block_m * block_k * block_n,
-                8 * block_m * block_n
-                + 4 * block_k * block_n
-                + 4 * block_m * block_k
-                + 4 * block_m * block_k,
-            ),
-        ),
+        _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "batched_matmul_backward_x",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0
-    # MiB) + acc_n_ref 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) +
+    # acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_x_kernel,
-            b=b,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
-        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K
-        # are independent (parallel); steps along N accumulate in order (arbitrary).
+        functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
+        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are
+        # independent (parallel); steps along N accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             # dz: f32[B, M, N]
@@ -4849,18 +4494,14 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 4 * block_k * block_n
-                + 4 * block_m * block_k
-                + 4 * block_m * block_k
+                8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, y) + b * m * k * 2,
+            bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k,
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
@@ -5160,9 +4801,7 @@ def batched_matmul_backward_x(dz, y):
     return dx
 
 
-def _batched_matmul_backward_y_kernel(
-    dz_ref, x_ref, dy_ref, acc_m_ref, *, b, k, n, m, block_k, block_n, block_m
-):
+def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, block_m):
     m_start = pl.program_id(3) * block_m
     step = pl.program_id(3)
 
@@ -5188,64 +4827,32 @@ def _batched_matmul_backward_y_kernel(
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, K, N, M) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_batched_matmul_backward_y_tpu_blocks = {
-    None: {"default": (1024, 1024, 512)},
-    "v5e": {"default": (1024, 1024, 512)},
-    "v6e": {"default": (1024, 1024, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
+    "batched_matmul_backward_y",
+    sizes=("B", "K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={None: {"default": (1024, 1024, 512)}},
+    step=lambda b, k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+    ),
+    bounds=lambda b, k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+)
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
     """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _batched_matmul_backward_y_tpu_blocks,
-        (b, k, n, m),
-        (block_k, block_n, block_m),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(k, 1024), 1024, min(m, 1024)),
-            step=lambda block_k, block_n, block_m: (
-                block_k * block_n * block_m,
-                8 * block_m * block_n
-                + 4 * block_m * block_k
-                + 4 * block_k * block_n
-                + 4 * block_k * block_n,
-            ),
-        ),
+        _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "batched_matmul_backward_y",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0
-    # MiB) + acc_m_ref 4.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) +
+    # acc_m_ref 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_y_kernel,
-            b=b,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N
-        # are independent (parallel); steps along M accumulate in order (arbitrary).
+        functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
+        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are
+        # independent (parallel); steps along M accumulate in order (arbitrary).
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             # dz: f32[B, M, N]
@@ -5260,18 +4867,14 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n
-                + 4 * block_m * block_k
-                + 4 * block_k * block_n
-                + 4 * block_k * block_n
+                8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, x) + b * k * n * 2,
+            bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n,
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
@@ -5583,42 +5186,32 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     s_ref[...] = acc * scale
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the
-# entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_scores_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_scores_tpu_blocks = rt.TpuBlocks(
+    "scores",
+    sizes=("B", "S", "T", "D"),
+    tiling={"S": (16, "bf16 rows"), "T": (128, "lanes")},
+    chips={
+        None: {"default": (128, 128)},
+        "v5e": {"default": (512, 512)},
+        "v6e": {"default": (1024, 1024)},
+    },
+)
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "scores",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B
-    # + s 64.0 KiB).
+    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0
+    # KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
-        # One step per element of B, block of S, block of T (D taken whole); steps are
-        # independent, so every axis is parallel.
+        # One step per element of B, block of S, block of T (D taken whole); steps are independent,
+        # so every axis is parallel.
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
+            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
             # k: bf16[B, T, D], read transposed
             pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
         ],
@@ -5627,7 +5220,6 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t
             ),
@@ -5635,7 +5227,7 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d + b * size_s * t,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(q, k) + b * size_s * t * 4,
+            bytes_accessed=rt.nbytes(q, k) + 4 * b * size_s * t,
         ),
         interpret=interpret,
         name="scores",
@@ -5879,65 +5471,43 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_b, block_s, block_t) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, S, T) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_scores_backward_epilogue_tpu_blocks = {
-    None: {"default": (1, 128, 128)},
-    "v5e": {"default": (1, 128, 128)},
-    "v6e": {"default": (1, 128, 128)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
+    "scores_backward_epilogue",
+    sizes=("B", "S", "T"),
+    tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
+    chips={None: {"default": (1, 128, 128)}},
+    step=lambda b, s, t, block_b, block_s, block_t: (
+        block_b * block_s * block_t,
+        12 * block_b * block_s * block_t,
+    ),
+)
 
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
     """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_s, block_t = rt.tpu_blocks(
-        _scores_backward_epilogue_tpu_blocks,
-        (b, s, t),
-        (block_b, block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(b, s, t),
-            step=lambda block_b, block_s, block_t: (
-                block_b * block_s * block_t,
-                12 * block_b * block_s * block_t,
-            ),
-        ),
+        _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "scores_backward_epilogue",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB).
+    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
-        # One step per block of B, block of S, block of T; steps are independent, so every
-        # axis is parallel.
+        # One step per block of B, block of S, block of T; steps are independent, so every axis is
+        # parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # ds: f32[B, S, T]
-            pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))
-        ],
+        # ds: f32[B, S, T]
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
         # dacc: bf16[B, S, T]
         out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_b * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s * t, transcendentals=0, bytes_accessed=rt.nbytes(ds) + b * s * t * 2
+            flops=2 * b * s * t, transcendentals=0, bytes_accessed=rt.nbytes(ds) + 2 * b * s * t
         ),
         interpret=interpret,
         name="scores_backward_epilogue",
@@ -6114,15 +5684,18 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
         dq_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_d, block_t) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, S, D, T) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
-_scores_backward_q_tpu_blocks = {
-    None: {"default": (128, 128, 128)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_scores_backward_q_tpu_blocks = rt.TpuBlocks(
+    "scores_backward_q",
+    sizes=("B", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "D": (128, "lanes"), "T": (128, "lanes")},
+    chips={
+        None: {"default": (128, 128, 128)},
+        "v5e": {"default": (512, 512, 512)},
+        "v6e": {"default": (1024, 1024, 1024)},
+    },
+)
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
@@ -6130,26 +5703,13 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
     block_s, block_d, block_t = rt.tpu_blocks(
         _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
     )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_d = min(block_d, d)  # a small D is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "scores_backward_q",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
-        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq
-    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB)
+    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
-        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D
-        # are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d), pl.cdiv(t, block_t)),
         in_specs=[
             # dacc: bf16[B, S, T]
@@ -6164,18 +5724,14 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t
-                + 4 * block_t * block_d
-                + 4 * block_s * block_d
-                + 8 * block_s * block_d
+                4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * d * t,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, k) + b * s * d * 2,
+            bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d,
         ),
         interpret=interpret,
         name="scores_backward_q",
@@ -6413,15 +5969,18 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
         dk_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_d, block_s) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, T, D, S) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
-_scores_backward_k_tpu_blocks = {
-    None: {"default": (128, 128, 128)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_scores_backward_k_tpu_blocks = rt.TpuBlocks(
+    "scores_backward_k",
+    sizes=("B", "T", "D", "S"),
+    tiling={"T": (128, "lanes"), "D": (128, "lanes"), "S": (16, "bf16 rows")},
+    chips={
+        None: {"default": (128, 128, 128)},
+        "v5e": {"default": (512, 512, 512)},
+        "v6e": {"default": (1024, 1024, 1024)},
+    },
+)
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
@@ -6429,26 +5988,13 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
     block_t, block_d, block_s = rt.tpu_blocks(
         _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
     )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_d = min(block_d, d)  # a small D is one whole block
-    block_s = min(block_s, s)  # a small S is one whole block
-    rt.check_tiling(
-        "scores_backward_k",
-        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
-        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk
-    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB)
+    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
-        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D
-        # are independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are
+        # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d), pl.cdiv(s, block_s)),
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
@@ -6463,18 +6009,14 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t
-                + 4 * block_s * block_d
-                + 4 * block_t * block_d
-                + 8 * block_t * block_d
+                4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * t * d * s,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, q) + b * t * d * 2,
+            bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d,
         ),
         interpret=interpret,
         name="scores_backward_k",
@@ -6719,15 +6261,18 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_linear_tpu_blocks = {
-    None: {"default": (1024, 1024, 1024)},
-    "v5e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_linear_tpu_blocks = rt.TpuBlocks(
+    "linear",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+    chips={
+        None: {"default": (1024, 1024, 1024)},
+        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+        "v6e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+    },
+)
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -6735,43 +6280,26 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     block_m, block_n, block_k = rt.tpu_blocks(
         _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "linear",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
-    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
             # w: bf16[N, K], read transposed
             pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
             ),
@@ -6779,7 +6307,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, w, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n,
         ),
         interpret=interpret,
         name="linear",
@@ -7024,7 +6552,7 @@ def linear(x, w, bias):
     return y
 
 
-def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n):
+def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -7044,54 +6572,29 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n
         dbias_ref[...] = sum_m
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_linear_backward_over_m_tpu_blocks = {
-    None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
-    "v6e": {"default": (1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "linear_backward_over_m",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+)
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _linear_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "linear_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) +
-    # sum's 32-bit copy of a block 4.0 MiB + let dy_1 4.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit
+    # copy of a block 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps
-        # along M accumulate in order (arbitrary).
+        functools.partial(_linear_backward_over_m_kernel, m=m, block_m=block_m),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
+        # M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
-        in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # dy: bf16[M, N]
         # dbias: f32[N], broadcast over M
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
@@ -7099,11 +6602,10 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + m * n * 4
+            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n
         ),
         interpret=interpret,
         name="linear_backward_over_m",
@@ -7291,15 +6793,14 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_linear_backward_x_tpu_blocks = {
-    None: {"default": (1024, 1024, 1024)},
-    "v5e": {"default": (1024, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_linear_backward_x_tpu_blocks = rt.TpuBlocks(
+    "linear_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 1024, 1024)}},
+)
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -7307,47 +6808,30 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
     block_m, block_k, block_n = rt.tpu_blocks(
         _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "linear_backward_x",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # w: bf16[N, K]
-            pl.BlockSpec((block_n, block_k), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_n, block_k), lambda i, j, k: (k, j)),  # w: bf16[N, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
         ),
         interpret=interpret,
         name="linear_backward_x",
@@ -7581,15 +7065,14 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_n, block_k, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (N, K, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_linear_backward_w_tpu_blocks = {
-    None: {"default": (1024, 1024, 1024)},
-    "v5e": {"default": (1024, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+_linear_backward_w_tpu_blocks = rt.TpuBlocks(
+    "linear_backward_w",
+    sizes=("N", "K", "M"),
+    tiling={"N": (128, "lanes"), "K": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={None: {"default": (1024, 1024, 1024)}},
+)
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
@@ -7597,22 +7080,9 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
     block_n, block_k, block_m = rt.tpu_blocks(
         _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
     )
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "linear_backward_w",
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0
-    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent
@@ -7621,23 +7091,20 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         in_specs=[
             # dy: bf16[M, N], read transposed
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K]
         ],
-        # dw: bf16[N, K]
-        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + n * k * 2
+            flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + 2 * n * k
         ),
         interpret=interpret,
         name="linear_backward_w",

@@ -21,7 +21,7 @@ from pallasgen.runtime.support import plgpu
 
 
 def _layer_norm_with_residuals_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, block_m, eps
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps
 ):
     x = x_ref[...]
     w = w_ref[...]
@@ -37,64 +37,38 @@ def _layer_norm_with_residuals_kernel(
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_layer_norm_with_residuals_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,), (8192, 4096): (256,)},
-    "v6e": {"default": (16,), (8192, 4096): (256,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "layer_norm_with_residuals",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
+)
 
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "layer_norm_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4
-    # B + y 32 B + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B
-    # + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
+    (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
+    # + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy
+    # of a block 64 B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
-        functools.partial(_layer_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -104,13 +78,10 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4 + m * n * 4,
+            flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 14 * m * n
         ),
         interpret=interpret,
         name="layer_norm_with_residuals",
@@ -417,7 +388,7 @@ def layer_norm_with_residuals(x, w, b, *, eps=1e-05):
     return y, mu, rstd, mean_n
 
 
-def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
+def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     b = b_ref[...]
@@ -430,62 +401,36 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, bl
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_layer_norm_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_layer_norm_tpu_blocks = rt.TpuBlocks(
+    "layer_norm",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
+)
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "layer_norm",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4
-    # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
-    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
+    (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
+    # + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64
+    # B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_layer_norm_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -494,13 +439,10 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4,
+            flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n
         ),
         interpret=interpret,
         name="layer_norm",
@@ -818,20 +760,7 @@ def layer_norm(x, w, b, *, eps=1e-05):
 
 
 def _layer_norm_backward_kernel(
-    x_ref,
-    w_ref,
-    mu_ref,
-    rstd_ref,
-    mean_n_ref,
-    dy_ref,
-    dmu_ref,
-    drstd_ref,
-    dx_ref,
-    *,
-    m,
-    n,
-    block_m,
-    eps,
+    x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, n, eps
 ):
     x = x_ref[...]
     w = w_ref[...]
@@ -854,81 +783,51 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_layer_norm_backward_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,), (8192, 4096): (64,)},
-    "v6e": {"default": (16,), (8192, 4096): (64,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_layer_norm_backward_tpu_blocks = rt.TpuBlocks(
+    "layer_norm_backward",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (64,)}, "v6e": {(8192, 4096): (64,)}},
+    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
+)
 
 
 def _layer_norm_backward_tpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
 ):
     """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "layer_norm_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu
-    # 64 B + rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's
-    # 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d
-    # 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
-    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B.
+    (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B +
+    # rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a
+    # block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let rstd_1 64 B +
+    # let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let drstd_1 64 B + let dd 64 B + let
+    # dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_layer_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # dmu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # drstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # drstd: f32[M], broadcast over N
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=26 * m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + 2 * m * n,
         ),
         interpret=interpret,
         name="layer_norm_backward",
@@ -1334,7 +1233,6 @@ def _layer_norm_backward_over_m_kernel(
     sum_over_m_running_ref,
     *,
     m,
-    n,
     block_m,
 ):
     step = pl.program_id(0)
@@ -1371,63 +1269,37 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_layer_norm_backward_over_m_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,), (8192, 4096): (256,)},
-    "v6e": {"default": (16,), (8192, 4096): (256,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "layer_norm_backward_over_m",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
+)
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
     """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "layer_norm_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B +
-    # rstd 64 B + dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's
-    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64
-    # B.
+    (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B +
+    # dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
+    # 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_layer_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole). Steps along M accumulate in order
-        # (arbitrary).
+        functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
+        # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
         out_specs=(
-            # dw: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # db: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # db: f32[N], broadcast over M
         ),
         out_shape=(
             jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
@@ -1441,13 +1313,12 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, mu, rstd, dy) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n,
         ),
         interpret=interpret,
         name="layer_norm_backward_over_m",
@@ -1688,7 +1559,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
     return dw, db
 
 
-def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, block_m, eps):
+def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     h = x.astype(jnp.float32)
@@ -1697,57 +1568,34 @@ def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, bl
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rms_norm_with_residuals_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "rms_norm_with_residuals",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
+)
 
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rms_norm_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32
-    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B.
+    (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B +
+    # mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rms_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -1755,13 +1603,10 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w) + m * n * 2 + m * n * 4,
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 6 * m * n
         ),
         interpret=interpret,
         name="rms_norm_with_residuals",
@@ -1972,7 +1817,7 @@ def rms_norm_with_residuals(x, w, *, eps=1e-06):
     return y, mean_n
 
 
-def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
+def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     h = x.astype(jnp.float32)
@@ -1981,60 +1826,39 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
     )
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rms_norm_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rms_norm_tpu_blocks = rt.TpuBlocks(
+    "rms_norm",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n),
+)
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rms_norm",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32
-    # B) + mean's 32-bit copy of a block 64 B + let h 64 B.
+    (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) +
+    # mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
-        functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rms_norm_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 2
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 2 * m * n
         ),
         interpret=interpret,
         name="rms_norm",
@@ -2249,7 +2073,7 @@ def rms_norm(x, w, *, eps=1e-06):
     return y
 
 
-def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
+def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     mean_n = mean_n_ref[...]
@@ -2264,70 +2088,44 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n,
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rms_norm_backward_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rms_norm_backward_tpu_blocks = rt.TpuBlocks(
+    "rms_norm_backward",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
+)
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rms_norm_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B +
-    # mean_n 64 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B +
-    # let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh
-    # 64 B.
+    (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B +
+    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3
+    # 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh 64 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rms_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, mean_n, dy) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n,
         ),
         interpret=interpret,
         name="rms_norm_backward",
@@ -2595,7 +2393,7 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
 
 
 def _rms_norm_backward_over_m_kernel(
-    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, n, block_m, eps
+    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps
 ):
     step = pl.program_id(0)
 
@@ -2622,69 +2420,44 @@ def _rms_norm_backward_over_m_kernel(
         dw_ref[...] = sum_m
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rms_norm_backward_over_m_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "rms_norm_backward_over_m",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
+)
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rms_norm_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B
-    # + dy 32 B + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B
-    # + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
+    (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B
+    # + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let
+    # y_3 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_rms_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole). Steps along M accumulate in order
-        # (arbitrary).
+        functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dw: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),
+        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, mean_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n,
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",

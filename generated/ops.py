@@ -27,64 +27,38 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_add_f32_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_f32_tpu_blocks = rt.TpuBlocks(
+    "add_f32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+)
 
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_f32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_f32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="add_f32",
@@ -238,57 +212,30 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_add_f32_backward_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_f32_backward_tpu_blocks = rt.TpuBlocks(
+    "add_f32_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+)
 
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_f32_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_f32_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0
+    # KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_backward_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -296,11 +243,10 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + m * n * 4 + m * n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n
         ),
         interpret=interpret,
         name="add_f32_backward",
@@ -449,64 +395,38 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_mul_f32_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_mul_f32_tpu_blocks = rt.TpuBlocks(
+    "mul_f32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+)
 
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_f32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "mul_f32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="mul_f32",
@@ -663,61 +583,34 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_mul_f32_backward_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_mul_f32_backward_tpu_blocks = rt.TpuBlocks(
+    "mul_f32_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
+)
 
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_f32_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "mul_f32_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz
-    # 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB +
+    # dx 512.0 KiB + dy 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_backward_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dz: f32[M, N]
         ],
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -725,13 +618,10 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y, dz) + m * n * 4 + m * n * 4,
+            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y, dz) + 8 * m * n
         ),
         interpret=interpret,
         name="mul_f32_backward",
@@ -900,65 +790,40 @@ def mul_f32_backward(x, y, dz):
 
 
 # Also `argmax_i32`'s: the same code, written once.
-def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
+def _argmax_f32_kernel(x_ref, i_ref):
     x = x_ref[...]
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_argmax_f32_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmax_f32_tpu_blocks = rt.TpuBlocks(
+    "argmax_f32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+)
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_f32_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "argmax_f32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
-    # argmax's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmax_f32_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _argmax_f32_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmax_f32",
@@ -1131,62 +996,40 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_equal_count_f32_tpu_blocks = {
-    None: {"default": (4096,)},
-    "v5e": {"default": (4096,)},
-    "v6e": {"default": (4096,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_equal_count_f32_tpu_blocks = rt.TpuBlocks(
+    "equal_count_f32",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D f32", 128)},
+    chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+)
 
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_f32_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        grow=functools.partial(
-            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
-        ),
-    )
-    block_n = min(block_n, size_n)  # a small N is one whole block
-    rt.check_tiling(
-        "equal_count_f32",
-        block_n=(
-            block_n,
-            size_n,
-            1024,
-            "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
-            128,
-        ),
-    )
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
-    # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
+    (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
+    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
         ),
         interpret=interpret,
         name="equal_count_f32",
@@ -1351,64 +1194,38 @@ def equal_count_f32(x, y):
     return n
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_add_i32_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_i32_tpu_blocks = rt.TpuBlocks(
+    "add_i32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+)
 
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_i32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_i32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of i32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="add_i32",
@@ -1543,64 +1360,38 @@ def add_i32(x, y):
     return z
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_mul_i32_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_mul_i32_tpu_blocks = rt.TpuBlocks(
+    "mul_i32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+)
 
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_i32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "mul_i32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of i32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="mul_i32",
@@ -1735,60 +1526,35 @@ def mul_i32(x, y):
     return z
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_argmax_i32_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmax_i32_tpu_blocks = rt.TpuBlocks(
+    "argmax_i32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "i32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+)
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_i32_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "argmax_i32",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of i32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
-    # argmax's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmax_f32_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _argmax_f32_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmax_i32",
@@ -1940,62 +1706,40 @@ def argmax_i32(x):
     return i
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_equal_count_i32_tpu_blocks = {
-    None: {"default": (4096,)},
-    "v5e": {"default": (4096,)},
-    "v6e": {"default": (4096,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_equal_count_i32_tpu_blocks = rt.TpuBlocks(
+    "equal_count_i32",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D i32", 128)},
+    chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+)
 
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_i32_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        grow=functools.partial(
-            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
-        ),
-    )
-    block_n = min(block_n, size_n)  # a small N is one whole block
-    rt.check_tiling(
-        "equal_count_i32",
-        block_n=(
-            block_n,
-            size_n,
-            1024,
-            "N is the dimension of a one-dimensional i32 array, so it is a multiple of 1024 or a power of two of at least 128",
-            128,
-        ),
-    )
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
-    # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
+    (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
+    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
         ),
         interpret=interpret,
         name="equal_count_i32",
@@ -2142,64 +1886,38 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_add_i8_tpu_blocks = {
-    None: {"default": (1024, 512)},
-    "v5e": {"default": (1024, 512)},
-    "v6e": {"default": (1024, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_add_i8_tpu_blocks = rt.TpuBlocks(
+    "add_i8",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+)
 
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_i8_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "add_i8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_i8_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
         ),
         interpret=interpret,
         name="add_i8",
@@ -2340,64 +2058,38 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_mul_i8_tpu_blocks = {
-    None: {"default": (1024, 512)},
-    "v5e": {"default": (1024, 512)},
-    "v6e": {"default": (1024, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_mul_i8_tpu_blocks = rt.TpuBlocks(
+    "mul_i8",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (1024, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+)
 
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_i8_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "mul_i8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
-    # 512.0 KiB).
+    block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_i8_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
         ),
         interpret=interpret,
         name="mul_i8",
@@ -2532,63 +2224,40 @@ def mul_i8(x, y):
     return z
 
 
-def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
+def _argmax_i8_kernel(x_ref, i_ref):
     x = x_ref[...]
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_argmax_i8_tpu_blocks = {
-    None: {"default": (32,)},
-    "v5e": {"default": (32,)},
-    "v6e": {"default": (32,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmax_i8_tpu_blocks = rt.TpuBlocks(
+    "argmax_i8",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows")},
+    chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
+)
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_i8_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "argmax_i8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) +
-    # argmax's 32-bit copy of a block 128 B.
+    (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's
+    # 32-bit copy of a block 128 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmax_i8_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _argmax_i8_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i8[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmax_i8",
@@ -2764,62 +2433,40 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_equal_count_i8_tpu_blocks = {
-    None: {"default": (4096,)},
-    "v5e": {"default": (4096,)},
-    "v6e": {"default": (4096,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_equal_count_i8_tpu_blocks = rt.TpuBlocks(
+    "equal_count_i8",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D i8", 512)},
+    chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 12 * block_n + 8),
+)
 
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_i8_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        grow=functools.partial(
-            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 12 * block_n + 8)
-        ),
-    )
-    block_n = min(block_n, size_n)  # a small N is one whole block
-    rt.check_tiling(
-        "equal_count_i8",
-        block_n=(
-            block_n,
-            size_n,
-            1024,
-            "N is the dimension of a one-dimensional i8 array, so it is a multiple of 1024 or a power of two of at least 512",
-            512,
-        ),
-    )
-    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
-    # sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
+    (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
+    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
+    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
-            # x: i8[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: i8[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i8[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i8[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
         ),
         interpret=interpret,
         name="equal_count_i8",

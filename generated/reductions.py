@@ -20,65 +20,40 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
+def _argmax_rows_kernel(x_ref, i_ref):
     x = x_ref[...]
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_argmax_rows_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmax_rows_tpu_blocks = rt.TpuBlocks(
+    "argmax_rows",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+)
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_rows_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "argmax_rows",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
-    # argmax's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmax_rows_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _argmax_rows_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmax_rows",
@@ -231,9 +206,7 @@ def argmax_rows(x):
     return i
 
 
-def _argmax_blocked_kernel(
-    x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *, m, n, block_m, block_n
-):
+def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *, n, block_n):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -260,54 +233,29 @@ def _argmax_blocked_kernel(
         i_ref[...] = argmax_n
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_argmax_blocked_tpu_blocks = {
-    None: {"default": (8, 512)},
-    "v5e": {"default": (8, 512)},
-    "v6e": {"default": (8, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmax_blocked_tpu_blocks = rt.TpuBlocks(
+    "argmax_blocked",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (8, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
+)
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
     """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _argmax_blocked_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "argmax_blocked",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's
-    # 32-bit copy of a block 16.0 KiB.
+    block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit
+    # copy of a block 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmax_blocked_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of M, block of N. Steps along M are independent (parallel); steps
-        # along N accumulate in order (arbitrary).
+        functools.partial(_argmax_blocked_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps along
+        # N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         scratch_shapes=[
             # argmax_n_max_ref: the running argmax over N of one block
@@ -317,11 +265,10 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmax_blocked",
@@ -452,65 +399,40 @@ def argmax_blocked(x):
     return i
 
 
-def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
+def _argmin_rows_kernel(x_ref, i_ref):
     x = x_ref[...]
     i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_argmin_rows_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_argmin_rows_tpu_blocks = rt.TpuBlocks(
+    "argmin_rows",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+)
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmin_rows_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "argmin_rows",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
-    # argmin's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_argmin_rows_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _argmin_rows_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="argmin_rows",
@@ -662,7 +584,7 @@ def argmin_rows(x):
     return i
 
 
-def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
+def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -681,64 +603,38 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block
         s_ref[...] = sum_m
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_column_sums_tpu_blocks = {
-    None: {"default": (512, 512)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (512, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_column_sums_tpu_blocks = rt.TpuBlocks(
+    "column_sums",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (512, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+)
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _column_sums_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "column_sums",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's
-    # 32-bit copy of a block 1.0 MiB.
+    block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy
+    # of a block 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps
-        # along M accumulate in order (arbitrary).
+        functools.partial(_column_sums_kernel, m=m, block_m=block_m),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
+        # M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))
-        ],
-        # s: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # s: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="column_sums",
@@ -908,64 +804,38 @@ def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
     dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_column_sums_backward_tpu_blocks = {
-    None: {"default": (512, 512)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (512, 512)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_column_sums_backward_tpu_blocks = rt.TpuBlocks(
+    "column_sums_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+    chips={None: {"default": (512, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
+)
 
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
     """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _column_sums_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "column_sums_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0
-    # MiB).
+    block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _column_sums_backward_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # ds: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N], broadcast over M
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + m * n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + 4 * m * n
         ),
         interpret=interpret,
         name="column_sums_backward",
@@ -1102,9 +972,7 @@ def column_sums_backward(x, ds):
     return dx
 
 
-def _quantize_rows_int8_with_residuals_kernel(
-    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n, block_m
-):
+def _quantize_rows_int8_with_residuals_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref):
     x = x_ref[...]
     max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
     max_n_ref[...] = max_n
@@ -1114,60 +982,33 @@ def _quantize_rows_int8_with_residuals_kernel(
     argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_quantize_rows_int8_with_residuals_tpu_blocks = {
-    None: {"default": (32,)},
-    "v5e": {"default": (32,)},
-    "v6e": {"default": (32,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "quantize_rows_int8_with_residuals",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows")},
+    chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
+)
 
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "quantize_rows_int8_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B +
-    # scale 128 B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B +
-    # argmax's 32-bit copy of a block 128 B + let s 128 B.
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128
+    # B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy
+    # of a block 128 B + let s 128 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_with_residuals_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _quantize_rows_int8_with_residuals_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -1177,13 +1018,10 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(18 * block_m * n + 28 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4 + m * n * 4 + m * n * 4,
+            flops=9 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 13 * m * n
         ),
         interpret=interpret,
         name="quantize_rows_int8_with_residuals",
@@ -1442,62 +1280,38 @@ def quantize_rows_int8_with_residuals(x):
     return q, scale, max_n, argmax_n
 
 
-def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
+def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref):
     x = x_ref[...]
     s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
     q_ref[...] = jnp.round(x / s).astype(jnp.int8)
     scale_ref[...] = s
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_quantize_rows_int8_tpu_blocks = {
-    None: {"default": (32,)},
-    "v5e": {"default": (32,)},
-    "v6e": {"default": (32,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
+    "quantize_rows_int8",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows")},
+    chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
+)
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "quantize_rows_int8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B +
-    # scale 128 B) + max's 32-bit copy of a block 128 B + let s 128 B.
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B)
+    # + max's 32-bit copy of a block 128 B + let s 128 B. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _quantize_rows_int8_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -1505,11 +1319,10 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4
+            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 5 * m * n
         ),
         interpret=interpret,
         name="quantize_rows_int8",
@@ -1722,9 +1535,7 @@ def quantize_rows_int8(x):
     return q, scale
 
 
-def _quantize_rows_int8_backward_kernel(
-    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m
-):
+def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, n):
     x = x_ref[...]
     max_n = max_n_ref[...]
     argmax_n = argmax_n_ref[...]
@@ -1739,69 +1550,43 @@ def _quantize_rows_int8_backward_kernel(
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_quantize_rows_int8_backward_tpu_blocks = {
-    None: {"default": (32,)},
-    "v5e": {"default": (32,)},
-    "v6e": {"default": (32,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
+    "quantize_rows_int8_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
+)
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
     """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "quantize_rows_int8_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128
-    # B + argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let
-    # ds_2 128 B.
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B +
+    # argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_backward_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_quantize_rows_int8_backward_kernel, n=n),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dscale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M], broadcast over N
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 32 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=13 * m * n,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n,
         ),
         interpret=interpret,
         name="quantize_rows_int8_backward",
@@ -2011,62 +1796,40 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
         n_ref[...] = sum_n
 
 
-# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
-# spec's blocks).
-_equal_count_tpu_blocks = {
-    None: {"default": (1024,)},
-    "v5e": {"default": (1024,)},
-    "v6e": {"default": (1024,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_equal_count_tpu_blocks = rt.TpuBlocks(
+    "equal_count",
+    sizes=("N",),
+    tiling={"N": (1024, "1-D i32", 128)},
+    chips={None: {"default": (1024,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+)
 
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        grow=functools.partial(
-            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
-        ),
-    )
-    block_n = min(block_n, size_n)  # a small N is one whole block
-    rt.check_tiling(
-        "equal_count",
-        block_n=(
-            block_n,
-            size_n,
-            1024,
-            "N is the dimension of a one-dimensional i32 array, so it is a multiple of 1024 or a power of two of at least 128",
-            128,
-        ),
-    )
-    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
-    # sum's 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB.
+    (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
+    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
+    # 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
         ),
         interpret=interpret,
         name="equal_count",

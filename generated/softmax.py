@@ -20,9 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _softmax_with_residuals_kernel(
-    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n, block_m
-):
+def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref):
     x = x_ref[...]
     max_n = jnp.max(x, axis=1, keepdims=True)
     max_n_ref[...] = max_n
@@ -33,60 +31,34 @@ def _softmax_with_residuals_kernel(
     argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_softmax_with_residuals_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,), (4096, 4096): (256,)},
-    "v6e": {"default": (8,), (4096, 4096): (128,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "softmax_with_residuals",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (256,)}, "v6e": {(4096, 4096): (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
+)
 
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "softmax_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B +
-    # sum_n 32 B + argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's
-    # 32-bit copy of a block 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B.
+    (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B +
+    # argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block
+    # 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
-        functools.partial(_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _softmax_with_residuals_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -96,13 +68,10 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4 + m * n * 4 + m * n * 4,
+            flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n
         ),
         interpret=interpret,
         name="softmax_with_residuals",
@@ -385,60 +354,41 @@ def softmax_with_residuals(x):
     return y, sum_n, argmax_n, max_n
 
 
-def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
+def _softmax_kernel(x_ref, y_ref):
     x = x_ref[...]
     e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_softmax_tpu_blocks = {None: {"default": (8,)}, "v5e": {"default": (8,)}, "v6e": {"default": (8,)}}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_softmax_tpu_blocks = rt.TpuBlocks(
+    "softmax",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n),
+)
 
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
     """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "softmax",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) +
-    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B.
+    (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit
+    # copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_softmax_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _softmax_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="softmax",
@@ -648,9 +598,7 @@ def softmax(x):
     return y
 
 
-def _softmax_backward_kernel(
-    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n, block_m
-):
+def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, n):
     x = x_ref[...]
     sum_n = sum_n_ref[...]
     argmax_n = argmax_n_ref[...]
@@ -666,71 +614,45 @@ def _softmax_backward_kernel(
     )
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_softmax_backward_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,), (4096, 4096): (128,)},
-    "v6e": {"default": (8,), (4096, 4096): (128,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_softmax_backward_tpu_blocks = rt.TpuBlocks(
+    "softmax_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (128,)}, "v6e": {(4096, 4096): (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
+)
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "softmax_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B +
-    # argmax_n 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B
-    # + sum's 32-bit copy of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B.
+    (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n
+    # 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy
+    # of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_softmax_backward_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_softmax_backward_kernel, n=n),
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=15 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n,
         ),
         interpret=interpret,
         name="softmax_backward",
@@ -1056,62 +978,38 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     return dx
 
 
-def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n, block_m):
+def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
     x = x_ref[...]
     logsumexp_n = rt.logsumexp(x, 1)
     logsumexp_n_ref[...] = logsumexp_n
     y_ref[...] = x - logsumexp_n
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_log_softmax_with_residuals_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "log_softmax_with_residuals",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
+)
 
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "log_softmax_with_residuals",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B +
-    # logsumexp_n 32 B) + logsumexp's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n
+    # 32 B) + logsumexp's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
-        functools.partial(_log_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _log_softmax_with_residuals_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -1119,11 +1017,10 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4
+            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n
         ),
         interpret=interpret,
         name="log_softmax_with_residuals",
@@ -1322,63 +1219,39 @@ def log_softmax_with_residuals(x):
     return y, logsumexp_n
 
 
-def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
+def _log_softmax_kernel(x_ref, y_ref):
     x = x_ref[...]
     y_ref[...] = x - rt.logsumexp(x, 1)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_log_softmax_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_log_softmax_tpu_blocks = rt.TpuBlocks(
+    "log_softmax",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n),
+)
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "log_softmax",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) +
-    # logsumexp's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
-        functools.partial(_log_softmax_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _log_softmax_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
         ),
         interpret=interpret,
         name="log_softmax",
@@ -1561,73 +1434,49 @@ def log_softmax(x):
     return y
 
 
-def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n, block_m):
+def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     x = x_ref[...]
     logsumexp_n = logsumexp_n_ref[...]
     dy = dy_ref[...]
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_log_softmax_backward_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+_log_softmax_backward_tpu_blocks = rt.TpuBlocks(
+    "log_softmax_backward",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
+)
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "log_softmax_backward",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n
-    # 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B.
+    (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy
+    # 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
-        functools.partial(_log_softmax_backward_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _log_softmax_backward_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n,
             transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n,
         ),
         interpret=interpret,
         name="log_softmax_backward",

@@ -111,7 +111,7 @@ def block_defaults(kernel_fn) -> dict[str, int]:
     if not keywords:
         return {}
     table = module[f"_{kernel_fn.__name__}_tpu_blocks"]
-    return dict(zip(keywords, table[None]["default"]))
+    return dict(zip(keywords, table.chips[None]["default"]))
 
 
 # --------------------------------------------------------------------------- operands

@@ -1,7 +1,7 @@
 """Each backend behind the one interface (`backends.base.Backend`) that callers outside
 `pallasgen/backends/` use: its block keywords are its public ones, its tuning space names
 the choices it declares, a search's start is an entry that fits, and the TPU's tiling
-rule, written in the generator and again in the generated `_check_tiling`, says the same."""
+rule, which the generator checks spec blocks by and the runtime a call's blocks, says the same."""
 
 from __future__ import annotations
 
@@ -70,30 +70,26 @@ def test_a_backend_without_tuned_blocks_refuses_an_entry(checked_kernels):
 @pytest.mark.parametrize(
     "rule",
     [
-        TilingRule("N", 128, "N is the last dimension of a block"),
-        TilingRule("M", 16, "M is the second-to-last dimension of a block of bf16 values"),
-        TilingRule("N", 1024, "N is the dimension of a one-dimensional f32 array", 128),
+        TilingRule("N", 128, "lanes"),
+        TilingRule("M", 16, "bf16 rows"),
+        TilingRule("N", 1024, "1-D f32", 128),
     ],
     ids=["lanes", "sublanes", "one-dimensional"],
 )
 def test_the_generated_tiling_check_keeps_the_generators_tiling_rule(rule):
-    """The generator's `TilingRule.allows` and the runtime's `check_tiling`, which a
+    """The generator's `TilingRule.allows` and the runtime's `tpu_blocks`, which a
     generated launcher calls, allow the same blocks (both ask constants.tiles_on_tpu)."""
     module = load_module(GENERATED / "add_vectors.py", "add_vectors_tiling_rule")
+    rt = module.rt
+    smallest = (rule.smallest_power_of_two,) if rule.smallest_power_of_two else ()
+    tiling = {rule.dim: (rule.multiple, rule.held, *smallest)}
+    table = rt.TpuBlocks("k", (rule.dim,), tiling, {None: {"default": (1024,)}})
     size = 5000
     for block in range(1, 4200):
         try:
-            module.rt.check_tiling(
-                "k",
-                block_n=(
-                    block,
-                    size,
-                    rule.multiple,
-                    rule.describe(),
-                    *([rule.smallest_power_of_two] if rule.smallest_power_of_two else []),
-                ),
-            )
+            rt.tpu_blocks(table, (size,), (block,))
             allowed = True
-        except ValueError:
+        except ValueError as error:
+            assert rule.describe() in str(error)  # the generator's words for the rule
             allowed = False
         assert allowed == (rule.allows(block) or block == size), block

@@ -8,7 +8,6 @@ state: no warning filter, no primitive registered before a kernel runs."""
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import re
 import subprocess
@@ -39,7 +38,7 @@ FEATURES = {
     ),
     "call-time-blocks": (
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0\nblock M = 8, N = 128",
-        {"check_blocks", "tpu_blocks", "tpu_chip", "grown", "check_tiling"},
+        {"check_blocks", "tpu_blocks", "tpu_chip", "grown"},
         {"M": 20, "N": 300},
     ),
     "round": ("in x: f32[N]\nout y: f32[N]\ny = round(x)", {"round_half_even"}, {"N": 300}),
@@ -184,8 +183,9 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
 
 @pytest.mark.parametrize("source", module_sources())
 def test_every_runtime_function_a_module_calls_exists(source):
-    """Also the GPU kernels' calls, which no CPU run of the module reaches."""
-    assert runtime_calls(source) <= runtime_functions() | {"plgpu"}
+    """Also the GPU kernels' calls, which no CPU run of the module reaches; beside them a
+    module reads `rt.plgpu` and builds its TPU block tables as `rt.TpuBlocks`."""
+    assert runtime_calls(source) <= runtime_functions() | {"plgpu", "TpuBlocks"}
 
 
 @pytest.mark.parametrize("source", module_sources())
@@ -252,8 +252,9 @@ def test_a_bundled_kernels_triton_lowering_warns_of_nothing():
     module = load_module(GENERATED / "add_vectors.py", "_runtime_add_vectors")
     x = jax.ShapeDtypeStruct((300,), jnp.float32)
     device = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
-    with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
-        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    with (
+        warnings.catch_warnings(),
+        jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)),
     ):
         warnings.simplefilter("error")
         lowered = jax.jit(module.add_vectors).trace(x, x).lower(lowering_platforms=("cuda",))
@@ -304,31 +305,53 @@ def test_the_tpu_limits_come_from_the_constants_the_generator_reads():
     assert support.vmem_limit(90 * 2**20) == VMEM_LIMIT_BYTES
 
 
-def test_check_tiling_names_the_rule_and_a_legal_block():
-    support.check_tiling(
-        "k", block_m=(16, 100, 8, "rule"), block_n=(100, 100, 128, "rule"), block_x=(256, 5000, 1024, "rule", 128)
+def test_tpu_blocks_refuse_a_block_that_breaks_its_tiling_rule_naming_the_rule_and_a_legal_block():
+    table = support.TpuBlocks(
+        "k",
+        ("M", "N", "X"),
+        {"M": (8, "f32 rows"), "N": (128, "lanes"), "X": (1024, "1-D bf16", 256)},
+        {None: {"default": (8, 128, 1024)}},
     )
+    assert support.tpu_blocks(table, (100, 100, 5000), (16, 100, 256)) == (16, 100, 256)
+    assert support.tpu_blocks(table, (100, 100, 900), (1000, 1000, 1000)) == (100, 100, 900)  # clamped, then checked
     with pytest.raises(
         ValueError,
-        match=r"k: block_m=12 breaks the TPU tiling rule: rows; use 16 or a block of the whole dimension \(100\)",
+        match=r"k: block_m=12 breaks the TPU tiling rule: M is the second-to-last dimension of a block of f32 values,"
+        r" so it is a multiple of 8; use 16 or a block of the whole dimension \(100\)",
     ):
-        support.check_tiling("k", block_m=(12, 100, 8, "rows"))
+        support.tpu_blocks(table, (100, 100, 5000), (12, None, None))
+    with pytest.raises(
+        ValueError, match=r"k: block_n=64 .* N is the last dimension of a block, so it is a multiple of 128"
+    ):
+        support.tpu_blocks(table, (100, 1000, 5000), (8, 64, 1024))
+    with pytest.raises(
+        ValueError,
+        match=r"k: block_x=200 .* X is the dimension of a one-dimensional bf16 array, so it is a multiple of 1024 or"
+        r" a power of two of at least 256; use 1024",
+    ):
+        support.tpu_blocks(table, (100, 100, 5000), (8, 128, 200))
 
 
-def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default(monkeypatch):
-    table = {
-        None: {"default": (8, 128)},
-        "v6e": {"default": (16, 256), (1024, 1024): (64, 512)},
-        "v5e": {"default": (32, 128)},
-    }
+def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default_else_the_specs(monkeypatch):
+    table = support.TpuBlocks(
+        "k",
+        ("M", "N"),
+        {"M": (8, "f32 rows"), "N": (128, "lanes")},
+        {None: {"default": (8, 128)}, "v6e": {"default": (16, 256), (1024, 1024): (64, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 4 * block_m * block_n),
+    )
     monkeypatch.setattr(support, "tpu_chip", lambda: "v6e")
-    assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)
+    assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)  # tuned: not grown
     assert support.tpu_blocks(table, (2048, 1024), (8, None)) == (8, 512)  # a given block wins
-    monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")
-    grow = functools.partial(support.grown, bounds=(4096, 4096), step=lambda m, n: (m * n, 4 * m * n))
-    assert support.tpu_blocks(table, (4096, 4096), (None, None), grow=grow) == (512, 2048)  # 2**20 elements, the last grown first
+    assert support.tpu_blocks(table, (40, 1024), (None, None)) == (40, 512)  # a small M is one whole block
+    monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")  # no entry of its own: the spec's, grown
+    assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (256, 4096)  # 2**20 elements, N first
+    assert support.tpu_blocks(table, (4096, 4096), (None, 128)) == (4096, 128)  # those not given, to M
+    bounded = table._replace(bounds=lambda m, n: (4096, 1024))
+    assert support.tpu_blocks(bounded, (4096, 4096), (None, None)) == (1024, 1024)
+    assert support.tpu_blocks(table._replace(step=None), (4096, 4096), (None, None)) == (8, 128)  # never grown
     monkeypatch.setattr(support, "tpu_chip", lambda: None)
-    assert support.tpu_blocks(table, (4096, 4096), (None, None), grow=grow) == (8, 128)  # CPU: the spec's
+    assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (8, 128)  # CPU: the spec's, not grown
 
 
 def test_gpu_options_take_the_nearest_tuned_entry_of_the_device_kind(monkeypatch):

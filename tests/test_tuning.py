@@ -102,8 +102,8 @@ def test_build_renders_tuned_blocks_into_the_module_and_check_is_clean(project):
     assert pallasgen("build").exit_code == 0
     module = (project / "generated" / "add_vectors.py").read_text()
     assert 'None: {"default": (1024,)}' in module
-    assert '"v5e": {"default": (1024,), (4096,): (2048,)}' in module
-    assert '"v6e": {"default": (1024,), (1048576,): (8192,)}' in module
+    assert '"v5e": {(4096,): (2048,)}' in module  # no "default": the chip's is None's
+    assert '"v6e": {(1048576,): (8192,)}' in module
     result = pallasgen("check")
     assert result.exit_code == 0, result.output
 
@@ -289,8 +289,8 @@ def test_only_a_module_with_a_kernel_that_grows_its_blocks_calls_the_runtimes_gr
     )
     matmul = generate(spec, "mm.pallas", "mm.pallas")
     softmax = (GENERATED / "softmax.py").read_text()
-    assert "rt.grown" not in matmul and "grow=functools" not in matmul
-    assert "rt.grown" in softmax and "grow=functools.partial(" in softmax
+    assert "rt.tpu_blocks(" in matmul and "step=lambda" not in matmul
+    assert "step=lambda" in softmax
 
 
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import keyword
 
+from pallasgen.runtime.constants import (
+    block_keyword,
+)  # noqa: F401 (written there: the runtime's errors name blocks too)
+
 # Names the generated module itself defines or imports at module level (`rt`: pallasgen's
 # runtime, pallasgen/runtime/support.py).
-MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "plgpu", "math", "warnings", "rt"})
+MODULE_NAMES = frozenset(
+    {"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "plgpu", "math", "warnings", "rt"}
+)
 # Names the generated wrapper functions use for their own keywords and locals.
 WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
 # Builtins the generated code calls (templates/*.j2); a spec name must never shadow one.
@@ -14,11 +20,6 @@ BUILTINS_USED = frozenset({"min", "max", "sum", "len", "zip", "ValueError", "Typ
 # Functions the TPU kernel template defines inside a kernel.
 KERNEL_NAMES = frozenset({"_zero", "_epilogue", "_init", "_step", "_finish"})
 RESERVED = MODULE_NAMES | WRAPPER_NAMES | KERNEL_NAMES | BUILTINS_USED | frozenset(keyword.kwlist)
-
-
-def block_keyword(dim: str) -> str:
-    """The keyword argument that sets a dimension's block size: `M` -> `block_m`."""
-    return f"block_{dim.lower()}"
 
 
 class Namer:

@@ -60,6 +60,27 @@ STEP_ELEMENTS = 1 << 20
 STEP_VMEM_BYTES = 32 * MIB
 
 
+def block_keyword(dim: str) -> str:
+    """The keyword argument that sets a dimension's block size: `M` -> `block_m`."""
+    return f"block_{dim.lower()}"
+
+
+def tiling_rule_words(dim: str, multiple: int, held: str, smallest_power_of_two: int | None = None) -> str:
+    """Mosaic's tiling rule for blocks of `dim` in words, as spec errors and call-time errors
+    give it. `held` says how the arrays that set the rule hold the dimension: "lanes" (the
+    last dimension of their blocks), "DTYPE rows" (the second-to-last, of DTYPE values) or
+    "1-D DTYPE" (the one dimension of a DTYPE array)."""
+    if held == "lanes":
+        why = f"{dim} is the last dimension of a block"
+    elif held.endswith(" rows"):
+        why = f"{dim} is the second-to-last dimension of a block of {held.removesuffix(' rows')} values"
+    else:
+        why = f"{dim} is the dimension of a one-dimensional {held.removeprefix('1-D ')} array"
+    if smallest_power_of_two:
+        return f"{why}, so it is a multiple of {multiple} or a power of two of at least {smallest_power_of_two}"
+    return f"{why}, so it is a multiple of {multiple}"
+
+
 def tiles_on_tpu(block: int, multiple: int, smallest_power_of_two: int | None = None, size: int | None = None) -> bool:
     """Whether Mosaic can tile a block of `block` elements: a multiple of `multiple`, or
     (for a one-dimensional array) a power of two of at least `smallest_power_of_two`, or

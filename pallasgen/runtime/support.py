@@ -45,6 +45,7 @@ import contextlib
 import functools
 import inspect
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.extend.core
@@ -64,8 +65,10 @@ from pallasgen.runtime.constants import (
     STEP_VMEM_BYTES,
     TPU_DEVICE_KINDS,
     VMEM_LIMIT_BYTES,
+    block_keyword,
     public_keyword,
     tiles_on_tpu,
+    tiling_rule_words,
 )
 
 try:
@@ -752,22 +755,6 @@ def without_elements(kernel, sizes, reference, outputs, /, *arrays, **params):
     return empty if len(empty) > 1 else empty[0]
 
 
-def check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if tiles_on_tpu(block, multiple, *smallest, size=size):
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
 def tpu_chip():
     """The TPU generation being compiled for, as tuning tables name it, or None.
 
@@ -780,29 +767,69 @@ def tpu_chip():
     return TPU_CHIPS.get(device.device_kind)
 
 
-def tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
+class TpuBlocks(NamedTuple):
+    """A TPU launcher's table of blocks, which `tpu_blocks` chooses from and checks.
 
-    A kernel without a matrix product passes `grow` (see `grown`), which grows a
-    chip's default blocks not given to large steps.
+    `kernel` names it in errors; `sizes` names the dimensions of a call's sizes, in order;
+    `tiling` maps each blocked dimension, in the order of the blocks, to Mosaic's tiling
+    rule for it: (multiple, how its arrays hold it[, smallest power of two]), in words by
+    `constants.tiling_rule_words`; None where any block tiles. `chips` maps a TPU
+    generation to its tuned blocks, by the sizes they were tuned at, and to its
+    "default" blocks where they differ from `chips[None]["default"]`, the spec's.
+
+    A kernel without a matrix product has a `step`: a grid step's elements and VMEM bytes
+    at the call's sizes and given blocks; its blocks grow (see `grown`), each up to its
+    `bounds` at the call's sizes (None: its dimension).
+    """
+
+    kernel: str
+    sizes: tuple
+    tiling: dict
+    chips: dict
+    step: object = None
+    bounds: object = None
+
+
+def tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call, each at most its dimension (a small dimension is one
+    whole block): those `given` (not None), the others from the `table` (a `TpuBlocks`)
+    for the chip compiled for (see `tpu_chip`): the tuned entry whose sizes are nearest
+    the call's (in powers of two), else the chip's default, else the spec's, which any
+    other chip and CPU take. On a known chip without tuned entries, the blocks not given
+    of a table with a `step` grow to large steps.
+
+    A block that Mosaic cannot tile is a ValueError, before anything compiles, that says
+    the rule and a larger block that keeps it.
     """
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
 
-    if None not in given:
-        return given
-    chip = tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
+    size_of = dict(zip(table.sizes, sizes))
+    dims = list(table.tiling)
+    blocks = list(given)
+    if None in given:
+        chip = tpu_chip()
+        entries = table.chips.get(chip, {})
+        tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+        if tuned:
+            chosen = entries[min(tuned, key=distance)]
+        else:
+            chosen = entries.get("default", table.chips[None]["default"])
+        blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+        if table.step is not None and chip is not None and not tuned:
+            bounds = table.bounds(*sizes) if table.bounds else [size_of[dim] for dim in dims]
+            blocks = grown(blocks, [block is None for block in given], bounds, functools.partial(table.step, *sizes))
+    blocks = [min(block, size_of[dim]) for dim, block in zip(dims, blocks)]
+    for dim, block in zip(dims, blocks):
+        rule, size = table.tiling[dim], size_of[dim]
+        if rule is not None and not tiles_on_tpu(block, rule[0], *rule[2:], size=size):
+            multiple = rule[0]
+            raise ValueError(
+                f"{table.kernel}: {block_keyword(dim)}={block} breaks the TPU tiling rule:"
+                f" {tiling_rule_words(dim, *rule)}; use {-(-block // multiple) * multiple} or a block of the whole"
+                f" dimension ({size})"
+            )
     return tuple(blocks)
 
 

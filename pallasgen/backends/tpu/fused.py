@@ -6,9 +6,8 @@ at the last (`pl.when`)."""
 from __future__ import annotations
 
 import itertools
-
 import re
-import textwrap
+from dataclasses import replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
@@ -19,28 +18,31 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
     BlockPlan,
+    LINE_LENGTH,
     BlockTable,
     StripsPlan,
     TpuPlan,
     block_keywords,
+    block_table,
     block_table_name,
     grid_comment,
     kernel_function_name,
     launcher_name,
-    tiling_check,
+    read_keywords,
+    sum_code,
     tunable_dims,
     vmem_comment,
+    wrap,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import (
-    CHIPS,
     FUSED_BLOCK,
     STRIP_COLS,
     STRIP_ROWS,
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, tiling_rule
+from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
@@ -49,7 +51,11 @@ from pallasgen.lowering.parts import parameter_list, partial_call, ref_load, ref
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import KeywordGroup
 
-COMMENT_WIDTH = 84
+# What the VMEM comment of a kernel computed in strips says of its limit.
+STRIPED_LIMIT = (
+    f"The limit is {STRIPED_VMEM_LIMIT_BYTES >> 20} MiB whatever the blocks: their count leaves out a strip's"
+    " working values and the lanes a (rows, 1) value pads to."
+)
 
 
 def grid_dims(checked: CheckedKernel) -> list[str]:
@@ -179,10 +185,19 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         *(strips.keywords if strips else ()),
         *(p.name for p in kernel.params),
     ]
+    prologue = used_starts(
+        [
+            *body,
+            *(accumulator.body if accumulator else ()),
+            accumulator.skip if accumulator and accumulator.skip else "",
+            *((strips.call, strips.whole) if strips else ()),
+        ],
+        prologue,
+    )
+    keywords = read_keywords(keywords, [*prologue, *body, *(accumulator.code() if accumulator else ())])
     inputs = [values[d.name] for d in kernel.inputs]
     semantics = tuple("parallel" if in_every_output(kernel, d) else "arbitrary" for d in grid)
     layouts = tile_layouts(kernel, fused)
-    rules = [rule for d in tunable if (rule := tiling_rule(d, layouts))]
     live = None
     if accumulator is not None and accumulator.skip:
         # The swept dimension's blocks a step skips are not fetched: those index maps stay
@@ -194,16 +209,16 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         arrays=tuple(_array_blocks(decl, checked, index_names, live) for decl in kernel.inputs + kernel.outputs),
         looped=None,
     )
-    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+    helper, block_specs = _block_specs(tiling, sizes, live, namer)
     needed = _vmem(kernel, fused, running)
-    vmem_needed = " + ".join(
-        " * ".join([str(part.buffers * part.element_bytes), *(extents[d] for d in part.dims)]) for part in needed.parts
+    vmem_needed = sum_code(
+        [(part.buffers * part.element_bytes, [extents[d] for d in part.dims]) for part in needed.parts]
     )
     return TpuPlan(
         function=launcher,
         kernel_function=kernel_function,
-        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
-        block_table=_block_table(checked, tunable, sizes, vmem_needed, striped=strips is not None),
+        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], d) for d in tunable),
+        block_table=_block_table(checked, tunable, sizes, layouts, vmem_needed, striped=strips is not None),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords
         ),
@@ -220,7 +235,6 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
             + [f"{p.name}={p.name}" for p in kernel.params]
         ),
-        tiling_checks=tiling_check(kernel.name, rules, sizes),
         conversions=tuple(
             f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32"
             for a in lowered.inputs
@@ -228,39 +242,28 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         ),
         returns=_returns(lowered),
         grid=tiling.grid_code(sizes),
-        grid_comment=_wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics)),
-        in_specs=tuple(
-            (_skipped_comment(a.comment, d, checked.sweep, live), block_specs[d.name])
-            for a, d in zip(lowered.inputs, kernel.inputs)
-        ),
+        grid_comment=wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics), 8),
+        in_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)),
         out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
         out_shapes=tuple(
             (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=_wrap(vmem_comment(needed, checked.blocks, checked.dims)),
+        vmem_comment=wrap(vmem_comment(needed, checked.blocks, checked.dims, STRIPED_LIMIT if strips else ""), 4),
         vmem_needed=vmem_needed,
+        vmem_limit=f"{STRIPED_VMEM_LIMIT_BYTES >> 20} * 2**20" if strips else f"rt.vmem_limit({vmem_needed})",
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
         tiling=tiling,
         vmem=needed,
-        prologue=tuple(
-            used_starts(
-                [
-                    *body,
-                    *(accumulator.body if accumulator else ()),
-                    accumulator.skip if accumulator and accumulator.skip else "",
-                    *((strips.call, strips.whole) if strips else ()),
-                ],
-                prologue,
-            )
-        ),
+        prologue=tuple(prologue),
+        helper=helper,
     )
 
 
-def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, striped=False) -> BlockTable | None:
+def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: str, striped=False) -> BlockTable | None:
     """The spec's blocks, and each chip's tuned entries, for a call that passes none; on a
     known chip, untuned, its tiles' rows and swept dimension grow (`rt.grown`) up to
     FUSED_BLOCK while a step stays within the elements and VMEM `rt.grown` allows. A kernel
@@ -268,26 +271,6 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     while a strip of its step stays within them."""
     if not tunable:
         return None
-    keywords = tuple_code([block_keyword(d) for d in tunable])
-    spec = tuple_code([str(checked.blocks[d]) for d in tunable])
-    chips = [("None", (('"default"', spec),))]
-    for chip in CHIPS:
-        entries = [('"default"', spec)]
-        for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
-            tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
-            entries.append(
-                (
-                    tuple_code([str(tuned_sizes[d]) for d in checked.dims]),
-                    tuple_code([str(tuned_blocks[d]) for d in tunable]),
-                )
-            )
-        chips.append((f'"{chip.name}"', tuple(entries)))
-    name = block_table_name(checked.kernel.name)
-    comment = (
-        f"TPU blocks {keywords} for a call that passes none, by chip: those `pallasgen tune` found at the sizes"
-        f" {tuple_code(list(checked.dims))} shown, the entry nearest the call's sizes winning; else the spec's,"
-        f" grown on a known TPU. None: any other chip, and CPU (the spec's blocks)."
-    )
     fused = checked.fused
     grown = {fused.row, *([checked.sweep.dim] if checked.sweep else [])}
     # A kernel computed in strips grows up to a power of two within the dimension, so that its
@@ -298,10 +281,10 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     elements = " * ".join(
         f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
     )
-    step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-    grow = f"grow=functools.partial(rt.grown, bounds={tuple_code(bounds)}, step={step})"
-    choice = f"{keywords} = rt.tpu_blocks({name}, {tuple_code([sizes[d] for d in checked.dims])}, {keywords}, {grow})"
-    return BlockTable(name, _wrap(comment), tuple(chips), choice)
+    spec = [checked.blocks[d] for d in tunable]
+    return block_table(
+        checked, tunable, sizes, layouts, lambda chip: spec, f"({elements}, {vmem_needed})", tuple_code(bounds)
+    )
 
 
 def striped(checked: CheckedKernel) -> bool:
@@ -361,10 +344,16 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
         keywords=keywords,
         choice=(
             f"{', '.join(keywords)} = rt.strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
-            f" seen=lambda {positions}: {lowering.live_block(starts)}, whole=lambda {positions}: {whole})"
+            f" {_lambda('seen', positions, lowering.live_block(starts))}, {_lambda('whole', positions, whole)})"
         ),
-        vmem_limit_mib=STRIPED_VMEM_LIMIT_BYTES >> 20,
     )
+
+
+def _lambda(keyword: str, parameters: str, body: str) -> str:
+    """`keyword=lambda parameters: body`, a keyword of a call in the launcher; its body in
+    parentheses where it is too long for one line, so that black breaks the line there."""
+    code = f"{keyword}=lambda {parameters}: {body}"
+    return code if len(code) <= LINE_LENGTH - 9 else f"{keyword}=lambda {parameters}: ({body})"
 
 
 def _index_names(grid, fused) -> dict[str, str]:
@@ -397,10 +386,29 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     return ArrayBlocks(decl.name, tuple(axes))
 
 
-def _skipped_comment(comment: str, decl: ir.ArrayDecl, sweep, live) -> str:
-    if live and sweep.dim in decl.dims:
-        return f"{comment}; a skipped step's block is block 0, fetched at most once"
-    return comment
+def _block_specs(tiling: Tiling, sizes, live: str | None, namer) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Each array's `pl.BlockSpec`, by name, and the launcher's lines that define the
+    function their index maps call for the swept dimension's block where a step may be
+    skipped (`live`: whether it adds anything), with its comment; none where none is."""
+    if not live:
+        return (), {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+    axis = next(a for array in tiling.arrays for a in array.axes if a.live)
+    function = namer.claim(f"{axis.dim.lower()}_block")
+    indices = [g.index for g in tiling.grid if re.search(rf"\b{re.escape(g.index)}\b", f"{live} {axis.index}")]
+    call = f"{function}({', '.join(indices)})"
+    specs = {
+        array.name: tiling.block_spec(
+            replace(array, axes=tuple(replace(a, index=call, live=None) if a.live else a for a in array.axes)), sizes
+        )
+        for array in tiling.arrays
+    }
+    comment = f"A step's block of {axis.dim}; a skipped step's is block 0, fetched at most once."
+    lines = (
+        *(f"# {line}" for line in wrap(comment, 4)),
+        f"def {function}({', '.join(indices)}):",
+        f"    return {axis.index_code}",
+    )
+    return lines, specs
 
 
 def _returns(lowered: LoweredKernel) -> str:
@@ -439,24 +447,17 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     kernel, fused = checked.kernel, checked.fused
     flops, transcendentals = [], []
     for node in ir.walk(*(s.value for s in kernel.body)):
-        dims = checked.types[node].dims if node in checked.types else ()
-        elements = " * ".join(sizes[d] for d in dims) or "1"
+        elements = [sizes[d] for d in (checked.types[node].dims if node in checked.types else ())]
         if isinstance(node, ir.Binary) and node.op == "@":
-            flops.append(f"2 * {elements} * {sizes[fused.products[node].k]}")
+            flops.append((2, [*elements, sizes[fused.products[node].k]]))
         elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
-            transcendentals.append(elements)
+            transcendentals.append((1, elements))
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = " + ".join(
-        f"{' * '.join(sizes[d] for d in out.dims) or '1'} * {DTYPES[out.dtype].bytes}" for out in kernel.outputs
-    )
+    outputs = sum_code([(DTYPES[out.dtype].bytes, [sizes[d] for d in out.dims]) for out in kernel.outputs])
     return (
-        f"pl.CostEstimate(flops={' + '.join(flops) or '0'}, transcendentals={' + '.join(transcendentals) or '0'},"
+        f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code(transcendentals)},"
         f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
     )
-
-
-def _wrap(text: str) -> tuple[str, ...]:
-    return tuple(textwrap.wrap(text, COMMENT_WIDTH))
 
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:

@@ -6,6 +6,7 @@ Templates only loop and branch over these plans; every decision is made here.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass, replace
 
@@ -42,19 +43,18 @@ from pallasgen.lowering.parts import (
     ref_store,
     tuple_code,
 )
-from pallasgen.lowering.phases import indexed_dims, reduces, stepped_reductions, stepped_sweep
+from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-COMMENT_WIDTH = 84
+LINE_LENGTH = 100  # black's, for the generated code
 
 
 @dataclass(frozen=True)
 class BlockPlan:
     keyword: str  # block_m
     default: int
-    size: str  # the size variable it is clamped to: m
     dim: str
 
 
@@ -73,6 +73,13 @@ class AccumulatorPlan:
     skip: str | None = None  # a block where this is false adds nothing: its step is skipped
     strips: StripsPlan | None = None  # a step computed in strips of its rows
 
+    def code(self) -> tuple[str, ...]:
+        """The lines of code the kernel function writes for it, near enough to find the
+        names they read."""
+        strips = self.strips
+        extra = (strips.call, strips.whole_call, strips.blocks, strips.whole, *strips.keywords) if strips else ()
+        return (*self.init, *self.body, self.skip or "", *extra)
+
 
 @dataclass(frozen=True)
 class StripsPlan:
@@ -87,17 +94,17 @@ class StripsPlan:
     whole: str  # a block where the skip's condition holds at every position
     keywords: tuple[str, str]  # the kernel's keywords: the strips of a whole block, of a partial one
     choice: str  # the launcher's line that computes them
-    vmem_limit_mib: int  # the scoped VMEM limit it asks for
 
 
 @dataclass(frozen=True)
 class BlockTable:
-    """The blocks a call that passes none takes, by chip (see `rt.tpu_blocks`)."""
+    """The blocks a call that passes none takes, by chip, and the tiling rule each keeps
+    (an `rt.TpuBlocks`, which `rt.tpu_blocks` reads)."""
 
-    name: str  # the module-level dict
+    name: str  # the module-level constant
     comment: tuple[str, ...]
-    chips: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (chip, ((sizes or "default", blocks), ...))
-    choice: str  # the launcher's line that picks its blocks from the table
+    table: str  # its `rt.TpuBlocks(...)`
+    choice: str  # the launcher's line that chooses, clamps and checks its blocks
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,6 @@ class TpuPlan:
     kernel_callable: str  # the kernel, with its static keywords bound by functools.partial
     parameters: str  # of the launcher
     binding: str  # the keywords the public function binds for the launcher
-    tiling_checks: tuple[str, ...]  # call-time blocks checked against Mosaic's tiling rule
     conversions: tuple[str, ...]  # f16 inputs converted to f32 for the TPU kernel
     returns: str  # f16 outputs converted back from f32; empty when there are none
     grid: str
@@ -119,14 +125,16 @@ class TpuPlan:
     out_specs: tuple[tuple[str, str], ...]
     out_shapes: tuple[tuple[str, str], ...]  # (jax.ShapeDtypeStruct, output name)
     dimension_semantics: tuple[str, ...]
-    vmem_comment: tuple[str, ...]
+    vmem_comment: tuple[str, ...]  # the VMEM at the default blocks, and the limit asked for
     vmem_needed: str  # the blocks' VMEM in bytes, as code over the call-time blocks and sizes
+    vmem_limit: str  # the scoped VMEM limit asked for, as code
     cost_estimate: str
     accumulator: AccumulatorPlan | None
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
     tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
     vmem: Vmem  # what vmem_comment and vmem_needed count
     prologue: tuple[str, ...] = ()  # first, outside any pl.when: where this step's blocks start
+    helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
@@ -170,41 +178,70 @@ def block_table_name(kernel: str) -> str:
     return f"_{kernel}_tpu_blocks"
 
 
-def _block_table(
-    checked: CheckedKernel, tunable: list[str], sizes: dict[str, str], block_of: dict[str, str], vmem_needed: str
+def block_table(
+    checked: CheckedKernel, tunable: list[str], sizes, layouts, chip_default, step: str = "", bounds: str = ""
 ) -> BlockTable | None:
-    """Each chip's default blocks, then the blocks tuned for it at given sizes; a kernel
-    without a product also passes its blocks' bounds and a step's size (see `rt.tpu_blocks`)."""
+    """The launcher's `rt.TpuBlocks` and its call of `rt.tpu_blocks`: the spec's blocks
+    (None's default); each chip's default where `chip_default(chip)` differs from them,
+    and the blocks tuned for it; each block's tiling rule; and where the blocks grow, a
+    grid `step`'s elements and VMEM (code over the call's sizes and given blocks) and the
+    blocks' `bounds` (code over the call's sizes; none: each block's dimension)."""
     if not tunable:
         return None
-    dims = checked.dims
     spec = tuple_code([str(checked.blocks[d]) for d in tunable])
-    chips = [("None", (('"default"', spec),))]
+    chips = {"None": {'"default"': spec}}
     for chip in CHIPS:
-        default = chip_blocks(checked, tunable, chip)
-        entries = [('"default"', tuple_code([str(default[d]) for d in tunable]))]
+        entries = {}
+        default = tuple_code([str(block) for block in chip_default(chip)])
+        if default != spec:
+            entries['"default"'] = default
         for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
-            entries.append(
-                (tuple_code([str(tuned_sizes[d]) for d in dims]), tuple_code([str(tuned_blocks[d]) for d in tunable]))
-            )
-        chips.append((f'"{chip.name}"', tuple(entries)))
-    keywords = tuple_code([block_keyword(d) for d in tunable])
+            tuned_at = tuple_code([str(tuned_sizes[d]) for d in checked.dims])
+            entries[tuned_at] = tuple_code([str(tuned_blocks[d]) for d in tunable])
+        if entries:
+            chips[f'"{chip.name}"'] = entries
+    chips_code = ", ".join(
+        f"{chip}: {{{', '.join(f'{key}: {blocks}' for key, blocks in entries.items())}}}"
+        for chip, entries in chips.items()
+    )
+    rules = ", ".join(f'"{d}": {_rule_code(tiling_rule(d, layouts))}' for d in tunable)
+    size_names = [sizes[d] for d in checked.dims]
+    keywords = [block_keyword(d) for d in tunable]
+    dims = tuple_code([f'"{d}"' for d in checked.dims])
+    fields = [
+        f'"{checked.kernel.name}"',
+        f"sizes={dims}",
+        f"tiling={{{rules}}}",
+        f"chips={{{chips_code}}}",
+    ]
+    fields += [f"step=lambda {', '.join(size_names + keywords)}: {step}"] if step else []
+    fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
+    otherwise = "None's (the spec's), grown on a known chip" if step else "its default, else None's (the spec's)"
     comment = (
-        f"TPU blocks {keywords} for a call that passes none, by chip: those `pallasgen tune` found"
-        f" at the sizes {tuple_code(list(dims))} shown (the spec's .tuning.json file), the entry nearest"
-        f" the call's sizes winning; else the chip's default. None: any other chip, and CPU (the spec's blocks)."
+        "TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's"
+        f" sizes, else {otherwise}. tiling: Mosaic's rule for each block."
     )
     name = block_table_name(checked.kernel.name)
-    arguments = [name, tuple_code([sizes[d] for d in dims]), keywords]
-    if grows_blocks(checked):
-        elements = " * ".join(block_of[d] for d in dims)
-        step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-        arguments.append(
-            f"grow=functools.partial(rt.grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})"
-        )
-    choice = f"{keywords} = rt.tpu_blocks({', '.join(arguments)})"
-    return BlockTable(name, _wrap(comment), tuple(chips), choice)
+    return BlockTable(
+        name,
+        wrap(comment, 0),
+        f"rt.TpuBlocks({', '.join(fields)})",
+        f"{tuple_code(keywords)} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {tuple_code(keywords)})",
+    )
+
+
+def _rule_code(rule: TilingRule | None) -> str:
+    """A block's tiling rule as `rt.TpuBlocks` holds it: (multiple, held[, smallest power of two])."""
+    if rule is None:
+        return "None"
+    smallest = f", {rule.smallest_power_of_two}" if rule.smallest_power_of_two else ""
+    return f'({rule.multiple}, "{rule.held}"{smallest})'
+
+
+def _step(checked: CheckedKernel, block_of, vmem_needed: str) -> str:
+    """A grid step's elements and VMEM bytes at given blocks (`rt.grown`), as code."""
+    return f"({' * '.join(block_of[d] for d in checked.dims)}, {vmem_needed})"
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
@@ -264,7 +301,6 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     body = kernel_statements(
         kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
     )
-    kernel_keywords = _kernel_keywords(checked, sizes, tunable)
     accumulator = None
     scratch_refs = []
     if stepped:
@@ -298,14 +334,25 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         accumulator = replace(accumulator, body=(*held_starts, *accumulator.body))
 
     layouts = array_layouts(kernel, checked.space.layout, product)
+    kernel_keywords = read_keywords(
+        [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)],
+        [*body, *(accumulator.code() if accumulator else ())],
+    )
     inputs = [values[d.name] for d in kernel.inputs]
     vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
     return TpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
-        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
-        block_table=_block_table(checked, tunable, sizes, block_of, vmem_needed),
+        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], d) for d in tunable),
+        block_table=block_table(
+            checked,
+            tunable,
+            sizes,
+            layouts,
+            lambda chip: chip_blocks(checked, tunable, chip).values(),
+            step=_step(checked, block_of, vmem_needed) if grows_blocks(checked) else "",
+        ),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
         ),
@@ -322,7 +369,6 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
             + [f"{p.name}={p.name}" for p in kernel.params]
         ),
-        tiling_checks=tiling_check(kernel.name, [rule for d in tunable if (rule := tiling_rule(d, layouts))], sizes),
         conversions=tuple(
             f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
             for a in lowered.inputs
@@ -330,7 +376,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         ),
         returns=_tpu_return(lowered),
         grid=tiling.grid_code(sizes),
-        grid_comment=_wrap(grid_comment(blocked, dims, squeezed, semantics)),
+        grid_comment=wrap(grid_comment(blocked, dims, squeezed, semantics), 8),
         in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
         out_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.outputs),
         out_shapes=tuple(
@@ -338,8 +384,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=_wrap(vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims)),
+        vmem_comment=wrap(vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims), 4),
         vmem_needed=vmem_needed,
+        vmem_limit=f"rt.vmem_limit({vmem_needed})",
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
@@ -363,19 +410,11 @@ def _last_step_positions(checked: CheckedKernel) -> set[str]:
     return indexed_dims([s.value for s in sweep.finish], computed=sweep.reductions)
 
 
-def _kernel_keywords(checked: CheckedKernel, sizes, tunable: list[str]) -> list[str]:
-    """The kernel function's static keywords: the sizes and blocks its body reads (all
-    of them where it reduces or reads positions with index(); else those of a blocked
-    contracted dimension, which its steps mask at a ragged edge), then the params."""
-    product = checked.product
-    if reduces(checked):
-        read = list(checked.dims)
-    elif product is not None and product.k in checked.blocks:
-        read = [product.k]
-    else:
-        read = []
-    blocks = [block_keyword(d) for d in tunable if d in read]
-    return [*(sizes[d] for d in read), *blocks, *(p.name for p in checked.kernel.params)]
+def read_keywords(keywords: list[str], code) -> list[str]:
+    """The `keywords` (sizes, blocks and params) that the kernel's `code`, its lines,
+    reads: the kernel function's static keywords, bound by functools.partial."""
+    text = "\n".join(code)
+    return [k for k in keywords if re.search(rf"\b{re.escape(k)}\b", text)]
 
 
 def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spelling):
@@ -427,18 +466,6 @@ def _rows_load(refs):
     return lambda decl: f"rt.as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
-def tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
-    """The generated call-time check of the blocks against their tiling rules."""
-    if not rules:
-        return ()
-    items = []
-    for rule in rules:
-        fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.describe())]
-        fields += [str(rule.smallest_power_of_two)] if rule.smallest_power_of_two else []
-        items.append(f"{block_keyword(rule.dim)}=({', '.join(fields)})")
-    return (f"rt.check_tiling({repr(kernel)}, {', '.join(items)})",)
-
-
 def _tpu_return(lowered: LoweredKernel) -> str:
     """What the TPU launcher returns when f16 outputs come back as f32; empty if none do."""
     outputs = lowered.outputs
@@ -485,25 +512,36 @@ def _product_lines(product: Product, values, refs, sizes, block_k: str, step: st
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
     kernel, product = checked.kernel, checked.product
-    elements = " * ".join(sizes[d] for d in checked.space.layout)
+    elements = [sizes[d] for d in checked.space.layout]
     nodes = list(ir.walk(*(s.value for s in kernel.body)))
     transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
     elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
     if product is not None:
-        flops = " + ".join([f"2 * {elements} * {sizes[product.k]}", *_times(elementwise - 1, elements)])
+        flops = [(2, [*elements, sizes[product.k]]), (elementwise - 1, elements)]
     else:
-        flops = " + ".join(_times(elementwise, elements)) or "0"
+        flops = [(elementwise, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = " + ".join(f"{elements} * {DTYPES[d.dtype].bytes}" for d in kernel.outputs)
+    outputs = sum_code([(DTYPES[d.dtype].bytes, elements) for d in kernel.outputs])
     return (
-        f"pl.CostEstimate(flops={flops}, transcendentals={''.join(_times(transcendental, elements)) or '0'},"
+        f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code([(transcendental, elements)])},"
         f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
     )
 
 
-def _times(count: int, elements: str) -> list[str]:
-    """`count * elements` as code, or nothing when count is 0."""
-    return [] if count <= 0 else [elements] if count == 1 else [f"{count} * {elements}"]
+def sum_code(terms) -> str:
+    """A sum of `(count, factors)` terms as code, like terms (the same factors, in any
+    order) added up: `12 * block_s * d + 16 * block_s`; "0" for nothing."""
+    merged: dict[tuple[str, ...], list] = {}
+    for count, factors in terms:
+        merged.setdefault(tuple(sorted(factors)), [0, list(factors)])[0] += count
+    return (
+        " + ".join(
+            " * ".join([str(count)] * (count != 1 or not factors) + factors)
+            for count, factors in merged.values()
+            if count > 0
+        )
+        or "0"
+    )
 
 
 def grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) -> str:
@@ -523,22 +561,22 @@ def grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) 
     return f"One step per {steps}{taken}. {sentence[0].upper()}{sentence[1:]}."
 
 
-def vmem_comment(needed: Vmem, blocks: dict[str, int], dims) -> str:
-    """The VMEM at the default blocks, and every part of it."""
+def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "") -> str:
+    """The VMEM at the default blocks, and every part of it; then the `limit` the launcher
+    asks for, by default the call's blocks' (`rt.vmem_limit`)."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
-    return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}."
+    limit = limit or "Blocks that need more than Mosaic's default raise the limit."
+    return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}. {limit}"
 
 
 def _vmem_needed(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
     """`vmem_bytes` as code: the call-time blocks (or sizes, for dimensions taken whole)
     in place of the defaults; a squeezed batch dimension is one element."""
-    terms = []
-    for count, term_dims in vmem_terms(kernel, blocks, product):
-        factors = [block_of[d] for d in term_dims if d not in squeezed]
-        terms.append(" * ".join([str(count), *factors]))
-    return " + ".join(terms)
+    terms = vmem_terms(kernel, blocks, product)
+    return sum_code([(count, [block_of[d] for d in term_dims if d not in squeezed]) for count, term_dims in terms])
 
 
-def _wrap(text: str) -> tuple[str, ...]:
-    return tuple(textwrap.wrap(text, COMMENT_WIDTH))
+def wrap(text: str, indent: int) -> tuple[str, ...]:
+    """A comment's lines, at `indent` columns: each within the line length with its "# "."""
+    return tuple(textwrap.wrap(text, LINE_LENGTH - indent - 2))

@@ -14,7 +14,12 @@ from pallasgen.lowering.parts import layout_of
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
 
-from pallasgen.runtime.constants import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, tiles_on_tpu  # noqa: F401
+from pallasgen.runtime.constants import (  # noqa: F401
+    SCOPED_VMEM_BYTES,
+    VMEM_LIMIT_BYTES,
+    tiles_on_tpu,
+    tiling_rule_words,
+)
 
 # VMEM of a TPU v5e or v6e core (the runtime's constants hold the scoped default and the
 # most a launcher asks for).
@@ -42,19 +47,17 @@ def array_layouts(kernel: ir.Kernel, layout: tuple[str, ...], product: Product |
 class TilingRule:
     """What Mosaic needs of a block of `dim` for one array: a multiple of `multiple`, or
     (a one-dimensional array) a power of two of at least `smallest_power_of_two`; the
-    whole dimension is always legal. `describe()` words it for both the spec-time error
-    and the generated call-time check."""
+    whole dimension is always legal. `held`: how the array holds `dim` (see
+    constants.tiling_rule_words, which words the rule for spec-time and call-time errors)."""
 
     dim: str
     multiple: int
-    why: str
+    held: str
     smallest_power_of_two: int | None = None
 
     def describe(self) -> str:
-        """The rule in words: `why` it applies, and what it asks."""
-        if self.smallest_power_of_two:
-            return f"{self.why}, so it is a multiple of {self.multiple} or a power of two of at least {self.smallest_power_of_two}"
-        return f"{self.why}, so it is a multiple of {self.multiple}"
+        """The rule in words: why it applies, and what it asks."""
+        return tiling_rule_words(self.dim, self.multiple, self.held, self.smallest_power_of_two)
 
     def allows(self, size: int) -> bool:
         return tiles_on_tpu(size, self.multiple, self.smallest_power_of_two)
@@ -76,14 +79,11 @@ def tiling_rule(dim: str, layouts: list[Layout]) -> TilingRule | None:
         bits = tiling_bits(dtype)
         position = len(dims) - dims.index(dim)
         if len(dims) == 1:
-            smallest = LANES * (32 // bits)
-            why = f"{dim} is the dimension of a one-dimensional {dtype.name} array"
-            rules.append(TilingRule(dim, 1024, why, smallest))
+            rules.append(TilingRule(dim, 1024, f"1-D {dtype.name}", LANES * (32 // bits)))
         elif position == 1:
-            rules.append(TilingRule(dim, LANES, f"{dim} is the last dimension of a block"))
+            rules.append(TilingRule(dim, LANES, "lanes"))
         elif position == 2:
-            why = f"{dim} is the second-to-last dimension of a block of {dtype.name} values"
-            rules.append(TilingRule(dim, SUBLANES * (32 // bits), why))
+            rules.append(TilingRule(dim, SUBLANES * (32 // bits), f"{dtype.name} rows"))
     return max(rules, key=lambda rule: (rule.multiple, rule.smallest_power_of_two or 0), default=None)
 
 
