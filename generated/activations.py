@@ -287,24 +287,10 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
         ],
     )(x_ref, y_ref, mask_ref)
 
@@ -547,24 +533,10 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, dy_ref, dx_ref)
 
 
@@ -878,20 +850,12 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(x_ref, bias_ref, scale_ref, y_ref)
 
@@ -1195,25 +1159,13 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
 
@@ -1582,17 +1534,9 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
@@ -1976,17 +1920,9 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -2285,20 +2221,10 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, scale_ref, q_ref)
 
 

@@ -780,16 +780,8 @@ def _attention_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -842,19 +834,11 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -1647,16 +1631,8 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -1723,24 +1699,14 @@ def _attention_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=5),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -2517,16 +2483,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -2590,24 +2548,12 @@ def _attention_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -3374,16 +3320,8 @@ def _attention_dq_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -3442,23 +3380,13 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -4263,16 +4191,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -4334,24 +4254,12 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -4989,16 +4897,8 @@ def _attention_full_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -5047,18 +4947,10 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(s, block_s),),
@@ -5617,16 +5509,8 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -5680,19 +5564,11 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(s, block_s),),
@@ -6291,16 +6167,8 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -6361,23 +6229,13 @@ def _attention_full_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -6991,16 +6849,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -7064,24 +6914,12 @@ def _attention_full_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -7828,16 +7666,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -7886,18 +7716,10 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -8552,16 +8374,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -8617,19 +8431,11 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -9382,16 +9188,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -9452,23 +9250,13 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -10264,16 +10052,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -10337,24 +10117,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -10956,16 +10724,8 @@ def _gqa_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -11014,18 +10774,10 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -11561,16 +11313,8 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -11626,19 +11370,11 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -12247,16 +11983,8 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -12317,23 +12045,13 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -12951,16 +12669,8 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -13026,24 +12736,12 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.float32),
+            rt.mgpu_smem((block_t, block_d), jnp.float32),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * g * r * pl.cdiv(t, block_t),),
@@ -13411,15 +13109,11 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         reduce,
         grid=(r,),
         in_specs=[
-            plgpu.BlockSpec(
-                (None, block_t, block_d),
-                lambda s: (s, program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
+            rt.mgpu_spec(
+                (None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32
             ),
-            plgpu.BlockSpec(
-                (None, block_t, block_d),
-                lambda s: (s, program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
+            rt.mgpu_spec(
+                (None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32
             ),
         ],
         max_concurrent_steps=2,
@@ -13440,16 +13134,8 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         grid=(1,),
         in_specs=[],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda s: (program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda s: (program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16),
+            rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16),
         ],
     )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
 
@@ -13865,16 +13551,8 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
@@ -13934,9 +13612,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -13964,13 +13640,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(acc_ref)
@@ -13991,13 +13661,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(acc_ref)
@@ -14020,13 +13684,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     plgpu.emit_pipeline(
         write,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(acc_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -14048,13 +13706,7 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
             _matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -14282,16 +13934,8 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(y_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -14318,16 +13962,8 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
         write,
         grid=(y_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
     )(y_ref, dy_ref)
@@ -14351,13 +13987,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
             _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -14658,16 +14288,8 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref, w_ref)
@@ -14729,9 +14351,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -15029,16 +14649,8 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
@@ -15101,9 +14713,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -15460,13 +15070,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
     (mean_k_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -15493,11 +15097,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -15523,13 +15123,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
             _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -15552,16 +15146,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
@@ -15620,9 +15206,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -15875,13 +15459,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
     (mean_over_k_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -15912,11 +15490,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -15947,11 +15521,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -16253,16 +15823,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
@@ -16324,9 +15886,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -16624,16 +16184,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, dy_ref)
@@ -16696,9 +16248,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -17003,17 +16553,9 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -17048,17 +16590,9 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, g_ref, dlhs_ref)
@@ -17089,11 +16623,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -17402,17 +16932,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (s, program_k),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (s, program_k),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_k, 0.0, jnp.float32, 1),),

@@ -467,54 +467,16 @@ def _giou_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)],
     )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
 
 
@@ -1410,93 +1372,25 @@ def _giou_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
+            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
         ],
     )(
         ax1_ref,

@@ -445,13 +445,7 @@ def _cross_entropy_mosaic_gpu_kernel(
     logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -879,13 +873,7 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1215,21 +1203,13 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda _: (program_m, program_v),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            ),
+            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda _: (program_m, program_v),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
+            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)
         ],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
 

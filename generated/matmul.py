@@ -334,16 +334,8 @@ def _matmul_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -403,9 +395,7 @@ def _matmul_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -686,16 +676,8 @@ def _matmul_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dz_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(dz_ref, y_ref)
@@ -755,9 +737,7 @@ def _matmul_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -1033,16 +1013,8 @@ def _matmul_backward_y_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, dz_ref)
@@ -1104,9 +1076,7 @@ def _matmul_backward_y_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -1504,16 +1474,8 @@ def _matmul_relu_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -1573,9 +1535,7 @@ def _matmul_relu_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -1883,16 +1843,8 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -1968,12 +1920,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -2319,24 +2267,10 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, lhs_ref)
 
 
@@ -2379,16 +2313,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
@@ -2450,9 +2376,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -2807,24 +2731,10 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, rhs_ref)
 
 
@@ -2867,16 +2777,8 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
@@ -2940,9 +2842,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -3405,16 +3305,8 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -3485,9 +3377,7 @@ def _matmul_bias_gelu_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -3837,16 +3727,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -3929,12 +3811,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -4326,24 +4204,12 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
 
@@ -4389,16 +4255,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
@@ -4460,9 +4318,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -4928,16 +4784,8 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         reduce_1,
         grid=(acc_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
@@ -5007,24 +4855,12 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
 
@@ -5070,16 +4906,8 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
@@ -5142,9 +4970,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -5491,16 +5317,8 @@ def _matmul_int8_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.int8),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.int8),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -5559,12 +5377,7 @@ def _matmul_int8_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.int32, transforms=rt.mgpu_swizzled(jnp.int32, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.int32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -5923,16 +5736,8 @@ def _batched_matmul_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
@@ -5995,9 +5800,7 @@ def _batched_matmul_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_m // block_m, padded_n // block_n),
@@ -6329,19 +6132,9 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
 
@@ -6385,16 +6178,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref.at[program_b], y_ref.at[program_b])
@@ -6459,9 +6244,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_m // block_m, padded_k // block_k),
@@ -6804,19 +6587,9 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
 
@@ -6860,16 +6633,8 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], rhs_ref.at[program_b])
@@ -6935,9 +6700,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_k // block_k, padded_n // block_n),
@@ -7279,16 +7042,8 @@ def _scores_mosaic_gpu_kernel(
             step,
             grid=(q_ref.shape[-1] // block_d,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_s, block_d),
-                    lambda s: (program_s, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
-                plgpu.BlockSpec(
-                    (block_t, block_d),
-                    lambda s: (program_t, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_s, block_d), lambda s: (program_s, s), jnp.bfloat16),
+                rt.mgpu_spec((block_t, block_d), lambda s: (program_t, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
@@ -7364,9 +7119,7 @@ def _scores_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_t), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_size_s // block_s, padded_t // block_t),
@@ -7609,19 +7362,9 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_t),
-                lambda _: (program_s, program_t),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_t),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_t),
-                lambda _: (program_s, program_t),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
-            )
+            rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)
         ],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
 
@@ -7943,16 +7686,8 @@ def _scores_backward_q_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_t,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_s, block_t),
-                    lambda s: (program_s, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
-                ),
-                plgpu.BlockSpec(
-                    (block_t, block_d),
-                    lambda s: (s, program_d),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_s, block_t), lambda s: (program_s, s), jnp.bfloat16),
+                rt.mgpu_spec((block_t, block_d), lambda s: (s, program_d), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
@@ -8015,9 +7750,7 @@ def _scores_backward_q_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_s // block_s, padded_d // block_d),
@@ -8322,16 +8055,8 @@ def _scores_backward_k_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_s,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_t, block_s),
-                    lambda s: (program_t, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s),
-                ),
-                plgpu.BlockSpec(
-                    (block_s, block_d),
-                    lambda s: (s, program_d),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_t, block_s), lambda s: (program_t, s), jnp.bfloat16),
+                rt.mgpu_spec((block_s, block_d), lambda s: (s, program_d), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
@@ -8395,9 +8120,7 @@ def _scores_backward_k_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_t // block_t, padded_d // block_d),
@@ -8770,16 +8493,8 @@ def _linear_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
@@ -8850,9 +8565,7 @@ def _linear_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -9107,13 +8820,7 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
     (sum_m_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(dy_ref.shape[0] // block_m,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(dy_ref)
@@ -9425,16 +9132,8 @@ def _linear_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (s, program_k),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_n, block_k), lambda s: (s, program_k), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
@@ -9494,9 +9193,7 @@ def _linear_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -9786,16 +9483,8 @@ def _linear_backward_w_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (s, program_k),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, x_ref)
@@ -9856,9 +9545,7 @@ def _linear_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_n, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_n, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_n // block_n, padded_k // block_k),

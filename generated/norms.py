@@ -394,13 +394,7 @@ def _layer_norm_mosaic_gpu_kernel(
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -424,13 +418,7 @@ def _layer_norm_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -464,11 +452,7 @@ def _layer_norm_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -504,11 +488,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -827,13 +807,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -857,13 +831,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     (mean_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -900,11 +868,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -946,11 +910,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1364,17 +1324,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1410,17 +1362,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1457,17 +1401,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, w_ref, dy_ref)
@@ -1512,11 +1448,7 @@ def _layer_norm_backward_mosaic_gpu(
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1882,18 +1814,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -2232,13 +2156,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -2264,11 +2182,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -2294,13 +2208,7 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
             _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -2549,13 +2457,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -2585,11 +2487,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -2624,11 +2522,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -2929,17 +2823,9 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -2974,17 +2860,9 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, w_ref, dy_ref)
@@ -3015,11 +2893,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -3328,17 +3202,9 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),

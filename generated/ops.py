@@ -266,24 +266,10 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -516,24 +502,10 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
     )(dz_ref, dx_ref, dy_ref)
 
@@ -809,24 +781,10 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -1089,33 +1047,13 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
         ],
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
 
@@ -1365,13 +1303,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1662,16 +1594,8 @@ def _equal_count_f32_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32),
         ],
     )(x_ref, y_ref)
     plgpu.commit_smem()
@@ -1928,24 +1852,10 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -2197,24 +2107,10 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -2453,13 +2349,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
@@ -2705,16 +2595,8 @@ def _equal_count_i32_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
         ],
     )(x_ref, y_ref)
     plgpu.commit_smem()
@@ -2975,24 +2857,10 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -3248,24 +3116,10 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
 
@@ -3509,13 +3363,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
@@ -3779,16 +3627,8 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8),
         ],
     )(x_ref, y_ref)
     plgpu.commit_smem()

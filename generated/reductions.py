@@ -239,13 +239,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -795,13 +789,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0),
@@ -1113,13 +1101,7 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
     (sum_m_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref)
@@ -1360,20 +1342,10 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, ds_ref, dx_ref)
 
 
@@ -1690,13 +1662,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
@@ -1722,13 +1688,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -1755,9 +1715,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -2048,13 +2006,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -2091,13 +2043,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -2131,9 +2077,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
-            plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -2421,22 +2365,12 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref)
 
 
@@ -2719,16 +2653,8 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
+            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
         ],
     )(x_ref, y_ref)
     plgpu.commit_smem()

@@ -256,13 +256,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
@@ -284,13 +278,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -312,13 +300,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -338,13 +320,7 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
     (y,) = plgpu.kernel(
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -627,13 +603,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -662,13 +632,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -698,13 +662,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -735,11 +693,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1069,16 +1023,8 @@ def _softmax_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1107,16 +1053,8 @@ def _softmax_backward_mosaic_gpu_kernel(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1151,16 +1089,8 @@ def _softmax_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
@@ -1195,11 +1125,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1453,13 +1379,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
     logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1483,13 +1403,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -1509,13 +1423,7 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
     (y,) = plgpu.kernel(
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1746,13 +1654,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     logsumexp_over_n_running, logsumexp_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1782,13 +1684,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -1815,11 +1711,7 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -2073,13 +1965,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(dy_ref)
@@ -2105,16 +1991,8 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
         ],
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
@@ -2143,11 +2021,7 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),

@@ -34,7 +34,7 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"operands", "without_elements", "vmem_limit", "nbytes", "inside", "mask", "load", "store"}
-        | {"mgpu_pad", "mgpu_swizzled", "mgpu_load", "gpu_options", "gpu_device_kind"},
+        | {"mgpu_pad", "mgpu_spec", "mgpu_load", "gpu_options", "gpu_device_kind"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (
@@ -102,7 +102,7 @@ FEATURES = {
     ),
     "mosaic-gpu-product": (
         "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
-        {"mgpu_check_choices"},
+        {"mgpu_check_choices", "mgpu_smem"},
         {"M": 20, "N": 30, "K": 40},
     ),
 }

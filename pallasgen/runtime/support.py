@@ -167,6 +167,18 @@ def mgpu_swizzled(dtype, columns):
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
+def mgpu_spec(shape, index_map, dtype):
+    """A pipeline's BlockSpec of 2-D blocks of `dtype`, tiled and swizzled in shared
+    memory as wgmma and the WGMMA layout read them (`mgpu_swizzled`)."""
+    return plgpu.BlockSpec(shape, index_map, transforms=mgpu_swizzled(dtype, shape[-1]))
+
+
+def mgpu_smem(shape, dtype):
+    """Scratch shared memory of `shape` whose last two axes are tiled and swizzled as
+    `mgpu_spec`'s blocks."""
+    return plgpu.SMEM(shape, dtype, transforms=mgpu_swizzled(dtype, shape[-1]))
+
+
 def mgpu_load(ref, shape, dims):
     """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
     along `dims` (its position in `shape`) in the layout's row or column, broadcast."""

@@ -349,9 +349,7 @@ class FusedPlanner:
         name = self.namer.claim("operand_smem")
         shape = tuple_code([block_keyword(a) for a in axes])
         dtype = jnp_dtype(dtype)
-        self.scratches.append(
-            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
-        )
+        self.scratches.append((name, f"rt.mgpu_smem({shape}, {dtype})"))
         return name
 
     def plan(self):
@@ -455,7 +453,7 @@ class FusedPlanner:
         shape = tuple_code([block_keyword(d) for d in dims])
         dtype = jnp_dtype(decl.dtype)
         if len(dims) == 2:
-            return f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
+            return f"rt.mgpu_smem({shape}, {dtype})"
         return f"plgpu.SMEM({shape}, {dtype})"
 
     def _spec(self, decl) -> str:
@@ -463,11 +461,10 @@ class FusedPlanner:
         fused, swept = self.fused, self.fused.sweep.dim
         dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
         index_map = tuple_code(["i" if d == swept else "0" for d in dims])
-        transforms = ""
+        shape = tuple_code([block_keyword(d) for d in dims])
         if len(dims) == 2:
-            dtype = jnp_dtype(decl.dtype)
-            transforms = f", transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
-        return f"plgpu.BlockSpec({tuple_code([block_keyword(d) for d in dims])}, lambda i: {index_map}{transforms})"
+            return f"rt.mgpu_spec({shape}, lambda i: {index_map}, {jnp_dtype(decl.dtype)})"
+        return f"plgpu.BlockSpec({shape}, lambda i: {index_map})"
 
     def _pipeline(self, code, lowering, streamed) -> list[str]:
         """The pass over the swept dimension's blocks: a pipeline carrying the running values;

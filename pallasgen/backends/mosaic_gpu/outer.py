@@ -82,13 +82,9 @@ class OuterPlanner:
             dims = [d for d in own(decl) if d in plane or (stepped and d == reduced)]
             block = tuple_code(["None" if d == reduced else block_keyword(d) for d in dims])
             index = tuple_code(["s" if d == reduced else program[d] for d in dims])
-            planar = [d for d in dims if d in plane]
-            swizzle = (
-                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(plane[1])})"
-                if len(planar) == 2
-                else ""
-            )
-            return f"plgpu.BlockSpec({block}, lambda s: {index}{swizzle})"
+            if len([d for d in dims if d in plane]) == 2:  # its last axis is the plane's second
+                return f"rt.mgpu_spec({block}, lambda s: {index}, {jnp_dtype(decl.dtype)})"
+            return f"plgpu.BlockSpec({block}, lambda s: {index})"
 
         def loads(decls) -> list[str]:
             lines = []

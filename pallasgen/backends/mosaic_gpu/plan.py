@@ -261,12 +261,9 @@ class _ElementwisePlanner(_Planner):
             dims = plane_dims(decl)
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
-            swizzle = (
-                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
-                if len(dims) == 2
-                else ""
-            )
-            return f"plgpu.BlockSpec({shape}, lambda _: {index}{swizzle})"
+            if len(dims) == 2:  # its last axis is the minor one
+                return f"rt.mgpu_spec({shape}, lambda _: {index}, {jnp_dtype(decl.dtype)})"
+            return f"plgpu.BlockSpec({shape}, lambda _: {index})"
 
         def load(decl: ir.ArrayDecl) -> str:
             if len(layout) == 1:
@@ -383,19 +380,16 @@ class _ProductPlanner(_Planner):
         def at_batch(ref: str) -> str:
             return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
 
-        def swizzled(dtype: str, minor: str) -> str:
-            return f"rt.mgpu_swizzled({jnp_dtype(dtype)}, {block_keyword(minor)})"
-
         def tile(dims) -> str:
             return ", ".join(f"pl.ds({program[d]} * {block_keyword(d)}, {block_keyword(d)})" for d in dims)
 
         rhs_dims = (n, k) if rhs_n_major else (k, n)
         rhs_tile = f"{rhs_smem}.T" if rhs_n_major else rhs_smem
         specs = [
-            f"plgpu.BlockSpec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), transforms={swizzled(lhs.dtype.name, k)})",
-            f"plgpu.BlockSpec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
+            f"rt.mgpu_spec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), {jnp_dtype(lhs.dtype.name)})",
+            f"rt.mgpu_spec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
             f"lambda s: {'(' + program[n] + ', s)' if rhs_n_major else '(s, ' + program[n] + ')'}, "
-            f"transforms={swizzled(rhs.dtype.name, rhs_dims[1])})",
+            f"{jnp_dtype(rhs.dtype.name)})",
         ]
         own = {d.name: [x for x in layout_of(d, layout, product) if x] for d in epilogue}
         loads = []
@@ -450,13 +444,13 @@ class _ProductPlanner(_Planner):
         ]
         scratch = [
             *(
-                f"plgpu.SMEM({tile_shape}, {jnp_dtype(o.dtype)}, transforms={swizzled(o.dtype, n)})"
+                f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})"
                 for o in kernel.outputs
             ),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
-                f"plgpu.SMEM({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)}"
-                + (f", transforms={swizzled(d.dtype, n)})" if len(own[d.name]) == 2 else ")")
+                f"{'rt.mgpu_smem' if len(own[d.name]) == 2 else 'plgpu.SMEM'}"
+                f"({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)})"
                 for d in epilogue
             ),
         ]

@@ -207,8 +207,7 @@ class SweepPlanner:
             f"plgpu.SMEM(({block_keyword(kept)},), {jnp_dtype(d.dtype)})" for d in (*kept_inputs, *kept_outputs)
         ]
         scratch += [
-            f"plgpu.SMEM((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)}, "
-            f"transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
+            f"rt.mgpu_smem((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)})"
             for d in block_outputs
         ]
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
@@ -248,9 +247,8 @@ class SweepPlanner:
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
         cols = block_keyword(self.columns)
         if len(decl.dims) == 2:
-            transforms = f"rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {cols})"
             index = f"({program}, s)" if self.axis == 1 else f"(s, {program})"
-            return f"plgpu.BlockSpec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, transforms={transforms})"
+            return f"rt.mgpu_spec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, {jnp_dtype(decl.dtype)})"
         return f"plgpu.BlockSpec(({block_keyword(self.swept)},), lambda s: (s,))"
 
     def _block_loads(self, inputs) -> list[str]:

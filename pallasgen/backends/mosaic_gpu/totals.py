@@ -103,7 +103,7 @@ class TotalsPlanner:
                 *self._partial_lines(node, block, shape, positions),
             ]
         specs = ", ".join(
-            f"plgpu.BlockSpec({shape}, lambda _: ({program}, 0), transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {columns}))"
+            f"rt.mgpu_spec({shape}, lambda _: ({program}, 0), {jnp_dtype(d.dtype)})"
             for d in inputs
         )
         kernel_body = [
