@@ -1544,9 +1544,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
@@ -1930,9 +1928,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     sum_n = sum_n_running
     dscale = sum_n
     dscale_smem[...] = dscale
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):

@@ -792,10 +792,10 @@ def _attention_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
@@ -1651,10 +1651,10 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_backward_dq_mosaic_gpu(
@@ -2501,10 +2501,10 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_backward_dkdv_mosaic_gpu(
@@ -3335,10 +3335,10 @@ def _attention_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
@@ -4209,10 +4209,10 @@ def _attention_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
@@ -4909,9 +4909,7 @@ def _attention_full_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
@@ -5522,10 +5520,10 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
@@ -6182,10 +6180,10 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_full_backward_dq_mosaic_gpu(
@@ -6867,10 +6865,10 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_full_backward_dkdv_mosaic_gpu(
@@ -7678,9 +7676,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
@@ -8387,10 +8383,10 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_bottom_right_with_residuals_mosaic_gpu(
@@ -9203,10 +9199,10 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(
@@ -10070,10 +10066,10 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(
@@ -10736,9 +10732,7 @@ def _gqa_mosaic_gpu_kernel(
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
@@ -11326,12 +11320,10 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(
-        lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
@@ -11998,12 +11990,10 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(
-        delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
@@ -12687,14 +12677,10 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_r_smem[...] = acc_s
     dk_r_smem[...] = acc_s_2
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
+    rt.mgpu_copy_out(
+        (dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
+        (dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
     )
-    plgpu.copy_smem_to_gmem(
-        dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
@@ -13560,12 +13546,12 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
         out_smem[...] = product
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -14297,12 +14283,12 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -14658,12 +14644,12 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -15155,11 +15141,12 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -15832,12 +15819,12 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -16193,12 +16180,12 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -16942,9 +16929,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dg = sum_m
     dg_smem[...] = dg
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)]))
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):

@@ -457,9 +457,7 @@ def _cross_entropy_mosaic_gpu_kernel(
     sum_v = sum_v_running
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
@@ -887,12 +885,10 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(
-        logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]
+    rt.mgpu_copy_out(
+        (loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]),
+        (logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):

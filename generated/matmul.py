@@ -343,11 +343,12 @@ def _matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -685,12 +686,12 @@ def _matmul_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -1022,12 +1023,12 @@ def _matmul_backward_y_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -1483,11 +1484,12 @@ def _matmul_relu_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -1854,15 +1856,16 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
+        (
+            acc_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
     )
-    plgpu.copy_smem_to_gmem(
-        acc_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -2322,12 +2325,12 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -2786,12 +2789,12 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -3319,11 +3322,12 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -3743,15 +3747,16 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
+        (
+            acc_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
     )
-    plgpu.copy_smem_to_gmem(
-        acc_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -4264,12 +4269,12 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -4793,9 +4798,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
@@ -4915,12 +4918,12 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -5326,11 +5329,12 @@ def _matmul_int8_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -5745,14 +5749,14 @@ def _batched_matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        z_ref.at[
-            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[
+                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -6187,14 +6191,14 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[
-            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[
+                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -6642,14 +6646,14 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[
-            program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[
+                program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
@@ -7051,14 +7055,14 @@ def _scores_mosaic_gpu_kernel(
         out_smem[...] = acc * scale
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        s_ref.at[
-            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            s_ref.at[
+                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call
@@ -7695,14 +7699,14 @@ def _scores_backward_q_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dq_ref.at[
-            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dq_ref.at[
+                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call
@@ -8064,14 +8068,14 @@ def _scores_backward_k_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dk_ref.at[
-            program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dk_ref.at[
+                program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call
@@ -8507,11 +8511,12 @@ def _linear_mosaic_gpu_kernel(
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
@@ -8827,9 +8832,7 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
@@ -9141,12 +9144,12 @@ def _linear_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
@@ -9492,12 +9495,12 @@ def _linear_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 # Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call

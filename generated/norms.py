@@ -1831,10 +1831,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
     db = sum_over_m
     dw_smem[...] = dw
     db_smem[...] = db
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.copy_smem_to_gmem(db_smem, db_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]),
+        (db_smem, db_ref.at[pl.ds(program_n * block_n, block_n)]),
+    )
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
@@ -3212,9 +3212,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dw = sum_m
     dw_smem[...] = dw
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):

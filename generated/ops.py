@@ -1313,9 +1313,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
@@ -1598,9 +1596,7 @@ def _equal_count_f32_mosaic_gpu_kernel(
             rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32),
         ],
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
@@ -2359,9 +2355,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
@@ -2599,9 +2593,7 @@ def _equal_count_i32_mosaic_gpu_kernel(
             rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
         ],
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
@@ -3373,9 +3365,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
@@ -3631,9 +3621,7 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
             rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8),
         ],
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):

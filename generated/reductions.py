@@ -249,9 +249,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
@@ -799,9 +797,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmin_n = argmin_n_index
     i = argmin_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
@@ -1108,9 +1104,7 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
     sum_m = sum_m_running
     s = sum_m
     s_smem[...] = s
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
@@ -2657,9 +2651,7 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
             rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
         ],
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):

@@ -102,7 +102,7 @@ FEATURES = {
     ),
     "mosaic-gpu-product": (
         "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
-        {"mgpu_check_choices", "mgpu_smem"},
+        {"mgpu_check_choices", "mgpu_smem", "mgpu_copy_out"},
         {"M": 20, "N": 30, "K": 40},
     ),
 }

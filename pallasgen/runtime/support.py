@@ -179,6 +179,15 @@ def mgpu_smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=mgpu_swizzled(dtype, shape[-1]))
 
 
+def mgpu_copy_out(*tiles):
+    """Copies each (tile in shared memory, its place in global memory) out by TMA, once
+    the kernel's writes to shared memory are visible to it, and waits for the copies."""
+    plgpu.commit_smem()
+    for smem, ref in tiles:
+        plgpu.copy_smem_to_gmem(smem, ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
 def mgpu_load(ref, shape, dims):
     """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
     along `dims` (its position in `shape`) in the layout's row or column, broadcast."""

@@ -368,9 +368,7 @@ class FusedPlanner:
             *code.before,
             *self._pipeline(code, lowering, streamed),
             *code.finish,
-            "plgpu.commit_smem()",
-            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {self._at(d)})" for d in kernel.outputs),
-            "plgpu.wait_smem_to_gmem(0)",
+            f"rt.mgpu_copy_out({', '.join(f'({self.smem[d.name]}, {self._at(d)})' for d in kernel.outputs)})",
         ]
         scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
         if once:  # a barrier per input copied once

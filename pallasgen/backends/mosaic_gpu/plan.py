@@ -435,12 +435,12 @@ class _ProductPlanner(_Planner):
             *(f"    {line}" for line in accumulate),
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
-            "plgpu.commit_smem()",
-            *(
-                f"plgpu.copy_smem_to_gmem({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
+            "rt.mgpu_copy_out("
+            + ", ".join(
+                f"({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
                 for o in kernel.outputs
-            ),
-            "plgpu.wait_smem_to_gmem(0)",
+            )
+            + ")",
         ]
         scratch = [
             *(

@@ -192,14 +192,15 @@ class SweepPlanner:
             body += self._kept_statements(number)
         for decl in kept_outputs:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
-        if kept_outputs:
-            body.append("plgpu.commit_smem()")
-            body += [
-                f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs
-            ]
-        if block_outputs:
+        copies = [f"({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs]
+        if block_outputs:  # the kept outputs' copies run on beside the output pass's
+            if kept_outputs:
+                body.append("plgpu.commit_smem()")
+                body += [f"plgpu.copy_smem_to_gmem{copy}" for copy in copies]
             body += self._output_pass(block_outputs, out_smem, program, steps)
-        body.append("plgpu.wait_smem_to_gmem(0)")
+            body.append("plgpu.wait_smem_to_gmem(0)")
+        else:
+            body.append(f"rt.mgpu_copy_out({', '.join(copies)})")
 
         # A barrier per input of the kept dimension alone, for its one copy in.
         scratch = [f"plgpu.Barrier(num_barriers={len(kept_inputs)})"] if kept_inputs else []

@@ -121,13 +121,13 @@ class TotalsPlanner:
             *(f"    {line}" for line in body),
             "",
             f"plgpu.emit_pipeline({step}, grid=(1,), in_specs=[{specs}])({', '.join(self.refs[d.name] for d in inputs)})",
-            "plgpu.commit_smem()",
-            *(
-                f"plgpu.copy_smem_to_gmem({smem}, {ref}.at[pl.ds({program} * {ROWS}, {ROWS})])"
+            "rt.mgpu_copy_out("
+            + ", ".join(
+                f"({smem}, {ref}.at[pl.ds({program} * {ROWS}, {ROWS})])"
                 for n in self.reductions
                 for smem, ref in zip(self.partial_smem[n], self.partial_refs[n])
-            ),
-            "plgpu.wait_smem_to_gmem(0)",
+            )
+            + ")",
         ]
         partial_types = {}
         for n in self.reductions:
