@@ -558,7 +558,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
 
 
 def _attention_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
@@ -657,8 +657,6 @@ def _attention_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -708,10 +706,8 @@ def _attention_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -819,10 +815,8 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -1342,8 +1336,6 @@ def _attention_backward_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    h,
     size_s,
     d,
     t,
@@ -1475,8 +1467,6 @@ def _attention_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -1541,7 +1531,6 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
@@ -1684,7 +1673,6 @@ def _attention_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
@@ -2219,8 +2207,6 @@ def _attention_backward_dkdv_gpu_kernel(
     dk_ref,
     dv_ref,
     *,
-    b,
-    h,
     t,
     d,
     size_s,
@@ -2349,8 +2335,6 @@ def _attention_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
@@ -2410,10 +2394,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -2533,10 +2515,8 @@ def _attention_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -3072,8 +3052,6 @@ def _attention_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    h,
     size_s,
     d,
     t,
@@ -3187,8 +3165,6 @@ def _attention_dq_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -3249,7 +3225,6 @@ def _attention_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
@@ -3365,7 +3340,6 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
@@ -3941,8 +3915,6 @@ def _attention_dkdv_gpu_kernel(
     dk_ref,
     dv_ref,
     *,
-    b,
-    h,
     t,
     d,
     s,
@@ -4064,8 +4036,6 @@ def _attention_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             s=s,
@@ -4125,10 +4095,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     s,
     block_t,
     block_s,
@@ -4239,10 +4207,8 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             s=s,
             block_t=block_t,
             block_s=block_s,
@@ -4711,7 +4677,7 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
 
 
 def _attention_full_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
@@ -4794,8 +4760,6 @@ def _attention_full_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_full_gpu_kernel,
-            b=b,
-            h=h,
             s=s,
             d=d,
             t=t,
@@ -4836,10 +4800,8 @@ def _attention_full_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     s,
-    d,
     t,
     block_s,
     block_t,
@@ -4933,10 +4895,8 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     (o,) = plgpu.kernel(
         functools.partial(
             _attention_full_mosaic_gpu_kernel,
-            b=b,
             h=h,
             s=s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -5309,7 +5269,7 @@ def _attention_full_with_residuals_tpu(
 
 
 def _attention_full_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
@@ -5395,8 +5355,6 @@ def _attention_full_with_residuals_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_full_with_residuals_gpu_kernel,
-            b=b,
-            h=h,
             s=s,
             d=d,
             t=t,
@@ -5446,10 +5404,8 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     s,
-    d,
     t,
     block_s,
     block_t,
@@ -5547,10 +5503,8 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_full_with_residuals_mosaic_gpu_kernel,
-            b=b,
             h=h,
             s=s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -5940,8 +5894,6 @@ def _attention_full_backward_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    h,
     size_s,
     d,
     t,
@@ -6043,8 +5995,6 @@ def _attention_full_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -6105,7 +6055,6 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
@@ -6212,7 +6161,6 @@ def _attention_full_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
@@ -6626,8 +6574,6 @@ def _attention_full_backward_dkdv_gpu_kernel(
     dk_ref,
     dv_ref,
     *,
-    b,
-    h,
     t,
     d,
     size_s,
@@ -6733,8 +6679,6 @@ def _attention_full_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
@@ -6794,10 +6738,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -6897,10 +6839,8 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -7447,7 +7387,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
 
 
 def _attention_bottom_right_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
@@ -7546,8 +7486,6 @@ def _attention_bottom_right_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -7588,10 +7526,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -7700,10 +7636,8 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
     (o,) = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -8143,7 +8077,7 @@ def _attention_bottom_right_with_residuals_tpu(
 
 
 def _attention_bottom_right_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
@@ -8243,8 +8177,6 @@ def _attention_bottom_right_with_residuals_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -8294,10 +8226,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -8412,10 +8342,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -8910,8 +8838,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    h,
     size_s,
     d,
     t,
@@ -9034,8 +8960,6 @@ def _attention_bottom_right_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
@@ -9096,7 +9020,6 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
@@ -9231,7 +9154,6 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
@@ -9776,8 +9698,6 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     dk_ref,
     dv_ref,
     *,
-    b,
-    h,
     t,
     d,
     size_s,
@@ -9906,8 +9826,6 @@ def _attention_bottom_right_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
@@ -9967,10 +9885,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -10098,10 +10014,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -10533,9 +10447,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     )(q, k, v)
 
 
-def _gqa_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
-):
+def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_t, block_d):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -10612,9 +10524,6 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     return pl.pallas_call(
         functools.partial(
             _gqa_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
             size_s=size_s,
             d=d,
             t=t,
@@ -10658,11 +10567,9 @@ def _gqa_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -10756,11 +10663,9 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     (o,) = plgpu.kernel(
         functools.partial(
             _gqa_mosaic_gpu_kernel,
-            b=b,
             g=g,
             r=r,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -11107,7 +11012,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
 
 
 def _gqa_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
@@ -11190,9 +11095,6 @@ def _gqa_with_residuals_gpu(
     return pl.pallas_call(
         functools.partial(
             _gqa_with_residuals_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
             size_s=size_s,
             d=d,
             t=t,
@@ -11245,11 +11147,9 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -11347,11 +11247,9 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
     o, lse = plgpu.kernel(
         functools.partial(
             _gqa_with_residuals_mosaic_gpu_kernel,
-            b=b,
             g=g,
             r=r,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -11740,9 +11638,6 @@ def _gqa_backward_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    g,
-    r,
     size_s,
     d,
     t,
@@ -11843,9 +11738,6 @@ def _gqa_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_dq_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
             size_s=size_s,
             d=d,
             t=t,
@@ -11913,7 +11805,6 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
@@ -12020,7 +11911,6 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     dq, delta = plgpu.kernel(
         functools.partial(
             _gqa_backward_dq_mosaic_gpu_kernel,
-            b=b,
             g=g,
             r=r,
             size_s=size_s,
@@ -12432,9 +12322,6 @@ def _gqa_backward_dkdv_gpu_kernel(
     dk_r_ref,
     dv_r_ref,
     *,
-    b,
-    g,
-    r,
     t,
     d,
     size_s,
@@ -12539,9 +12426,6 @@ def _gqa_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_dkdv_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
             t=t,
             d=d,
             size_s=size_s,
@@ -12604,11 +12488,9 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -12707,11 +12589,9 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     dk_r, dv_r = plgpu.kernel(
         functools.partial(
             _gqa_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             g=g,
             r=r,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,

@@ -6042,7 +6042,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
 
 
 def _batched_matmul_backward_x_gpu_kernel(
-    dz_ref, y_ref, dx_ref, *, b, m, k, n, block_m, block_k, block_n
+    dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
@@ -6097,7 +6097,6 @@ def _batched_matmul_backward_x_gpu(
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_x_gpu_kernel,
-            b=b,
             m=m,
             k=k,
             n=n,
@@ -6497,7 +6496,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
 
 
 def _batched_matmul_backward_y_gpu_kernel(
-    dz_ref, x_ref, dy_ref, *, b, k, n, m, block_k, block_n, block_m
+    dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -6552,7 +6551,6 @@ def _batched_matmul_backward_y_gpu(
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_y_gpu_kernel,
-            b=b,
             k=k,
             n=n,
             m=m,

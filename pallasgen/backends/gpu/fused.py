@@ -22,6 +22,7 @@ from pallasgen.backends.gpu.plan import (
     kernel_function_name,
     launcher_name,
     launcher_parameters,
+    mentioned,
     tuned_fields,
 )
 from pallasgen.frontend import ir
@@ -143,11 +144,11 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         body = list(code.finish)
     else:
         body = list(lowering.whole(store).step)
-    keywords = [
-        *(sizes[d] for d in checked.dims),
-        *(block_keyword(d) for d in [*tunable, *whole]),
-        *(p.name for p in kernel.params),
-    ]
+    # Where this program's blocks start, for positions and skipped blocks.
+    loop = tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else ()
+    body = body if loop else [*used_starts(body, prologue), *body]
+    every = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in [*tunable, *whole])]
+    keywords = mentioned([*every, *(p.name for p in kernel.params)], [*masks, *loop, *body])
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     defaults = gpu_blocks(checked)
     return GpuPlan(
@@ -169,9 +170,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=tuple(masks),
-        # Where this program's blocks start, for positions and skipped blocks.
-        loop=tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else (),
-        body=tuple(body if loop else [*used_starts(body, prologue), *body]),
+        loop=loop,
+        body=tuple(body),
         tiling=tiling,
     )
 

@@ -9,6 +9,7 @@ masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -146,6 +147,12 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
         for d in space.dims
         if d.reductions and d.name != space.contracted and not (d.reduced and d.name in checked.blocks)
     ]
+
+
+def mentioned(names, lines) -> list[str]:
+    """The `names` that `lines` (a kernel's code) read: the statics it takes."""
+    words = set(re.findall(r"\w+", "\n".join(lines)))
+    return [name for name in names if name in words]
 
 
 def kernel_function_name(kernel: str) -> str:

@@ -34,6 +34,7 @@ from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS
 from pallasgen.frontend import ir
@@ -373,8 +374,8 @@ class FusedPlanner:
         scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
         if once:  # a barrier per input copied once
             scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
-        keywords = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
-        keywords += [p.name for p in kernel.params]
+        every = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
+        keywords = mentioned([*every, *(p.name for p in kernel.params)], body)
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
         parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
         return self.base.finish(parameters, body, self._launcher(keywords, [t for _, t in scratch]))
