@@ -254,15 +254,10 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
         ),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # mask: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -505,13 +500,10 @@ def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages,
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -818,15 +810,11 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1117,17 +1105,12 @@ def _bias_gelu_backward_gpu(
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1470,17 +1453,12 @@ def _bias_gelu_backward_over_m_gpu(
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1854,17 +1832,12 @@ def _bias_gelu_backward_over_n_gpu(
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dscale: f32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2188,13 +2161,10 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # q: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -200,13 +200,10 @@ def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
         ],
-        # z: f32[N]
-        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
+        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -408,15 +405,10 @@ def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpre
         functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # dz: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,))
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]
         out_specs=(
-            # dx: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # dy: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((n,), jnp.float32),  # dx

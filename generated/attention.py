@@ -4057,10 +4057,8 @@ def _attention_dkdv_gpu(
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -13386,13 +13384,10 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
         # running values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i0: (0, 0)),
+            pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i0: (0, 0)),  # w: bf16[K, N]
         ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0: (i0, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i0: (i0, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -13764,13 +13759,10 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -14125,13 +14117,10 @@ def _matmul_softmax_backward_x_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dacc: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N], read transposed
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -14486,13 +14475,10 @@ def _matmul_softmax_backward_w_gpu(
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dacc: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -14899,15 +14885,11 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
         # K (one block of the next power of two).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),
-            # g: f32[K]
-            pl.BlockSpec((1, block_k), lambda i0, i1: (0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (0, i1)),
+            pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i0, i1: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((block_k, block_n), lambda i0, i1: (0, i1)),  # w: bf16[K, N]
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i0, i1: (i0, i1)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -15284,16 +15266,12 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
         ],
         out_specs=(
-            # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -15661,13 +15639,10 @@ def _rmsnorm_matmul_backward_lhs_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N], read transposed
         ],
-        # dlhs: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -16022,13 +15997,10 @@ def _rmsnorm_matmul_backward_w_gpu(
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # lhs: bf16[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # lhs: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dy: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -16358,17 +16330,12 @@ def _rmsnorm_matmul_lhs_backward_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -16755,15 +16722,11 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
         # accumulating in order.
         grid=(pl.cdiv(k, block_k),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i: (0, i)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i: (0, i)),
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),  # x: bf16[M, K]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),  # dlhs: bf16[M, K]
         ],
-        # dg: f32[K], broadcast over M
-        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -397,25 +397,16 @@ def _giou_gpu(
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
         ],
-        # giou: f32[B, N]
-        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1154,42 +1145,25 @@ def _giou_backward_gpu(
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dgiou: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dgiou: f32[B, N]
         ],
         out_specs=(
-            # dax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby2: f32[B, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1

@@ -392,13 +392,10 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
         ],
-        # loss: f32[M], broadcast over V
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -798,16 +795,12 @@ def _cross_entropy_with_residuals_gpu(
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
         ],
         out_specs=(
-            # loss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -1161,17 +1154,14 @@ def _cross_entropy_backward_gpu(
         # One program per block of M, block of V; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dloss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
+            pl.BlockSpec(
+                (block_m, 1), lambda i, j: (i, 0)
+            ),  # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
-        # dlogits: bf16[M, V]
-        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

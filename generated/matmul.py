@@ -305,13 +305,10 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -648,13 +645,10 @@ def _matmul_backward_x_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # y: f32[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N], read transposed
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -985,13 +979,10 @@ def _matmul_backward_y_gpu(
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dz: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: f32[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: f32[M, N]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1446,13 +1437,10 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1807,16 +1795,12 @@ def _matmul_relu_with_residuals_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
         out_specs=(
-            # z: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
@@ -2238,15 +2222,11 @@ def _matmul_relu_backward_x_gpu(
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: f32[K, N]
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2702,15 +2682,11 @@ def _matmul_relu_backward_y_gpu(
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # dz: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # x: f32[M, K]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: f32[M, N]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: f32[M, K]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3266,15 +3242,11 @@ def _matmul_bias_gelu_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # z: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3678,18 +3650,13 @@ def _matmul_bias_gelu_with_residuals_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
         out_specs=(
-            # z: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
@@ -4168,17 +4135,12 @@ def _matmul_bias_gelu_backward_x_gpu(
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # bias: f32[N]
-            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),  # bias: f32[N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: bf16[K, N]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4731,20 +4693,14 @@ def _matmul_bias_gelu_backward_y_gpu(
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # bias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # bias: f32[N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: bf16[M, N]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: bf16[M, K]
         ],
         out_specs=(
-            # dy: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
-            # dbias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
+            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # dbias: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
@@ -5291,13 +5247,10 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: i8[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: i8[K, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5710,10 +5663,8 @@ def _batched_matmul_gpu(
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),  # y: bf16[B, K, N]
         ],
         # z: f32[B, M, N]
         out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
@@ -6108,10 +6059,8 @@ def _batched_matmul_backward_x_gpu(
         # Each loops over the blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),
+            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),  # y: bf16[B, K, N]
         ],
         # dx: bf16[B, M, K]
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),
@@ -6562,10 +6511,8 @@ def _batched_matmul_backward_y_gpu(
         # Each loops over the blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),
+            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),  # x: bf16[B, M, K]
         ],
         # dy: bf16[B, K, N]
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),
@@ -7014,8 +6961,7 @@ def _scores_gpu(
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
+            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
             # k: bf16[B, T, D], read transposed
             pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
         ],
@@ -7339,10 +7285,8 @@ def _scores_backward_epilogue_gpu(
         ),
         # One program per block of B, block of S, block of T; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # ds: f32[B, S, T]
-            pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))
-        ],
+        # ds: f32[B, S, T]
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
         # dacc: bf16[B, S, T]
         out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
@@ -7658,10 +7602,8 @@ def _scores_backward_q_gpu(
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
-            # dacc: bf16[B, S, T]
-            pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),
-            # k: bf16[B, T, D]
-            pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),  # k: bf16[B, T, D]
         ],
         # dq: bf16[B, S, D]
         out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),
@@ -8029,8 +7971,7 @@ def _scores_backward_k_gpu(
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),  # q: bf16[B, S, D]
         ],
         # dk: bf16[B, T, D]
         out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),
@@ -8453,15 +8394,11 @@ def _linear_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # w: bf16[N, K], read transposed
-            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # w: bf16[N, K], read transposed
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -8789,12 +8726,8 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i))
-        ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -9104,13 +9037,10 @@ def _linear_backward_x_gpu(
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[N, K]
-            pl.BlockSpec((n, block_k), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((n, block_k), lambda i, j: (0, j)),  # w: bf16[N, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -9455,13 +9385,10 @@ def _linear_backward_w_gpu(
         # scratch memory).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N], read transposed
-            pl.BlockSpec((m, block_n), lambda i, j: (0, i)),
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, j)),  # x: bf16[M, K]
         ],
-        # dw: bf16[N, K]
-        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

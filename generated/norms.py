@@ -334,20 +334,14 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -742,22 +736,15 @@ def _layer_norm_with_residuals_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -1227,25 +1214,16 @@ def _layer_norm_backward_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # dmu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # drstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # drstd: f32[M], broadcast over N
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1755,20 +1733,14 @@ def _layer_norm_backward_over_m_gpu(
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
         out_specs=(
-            # dw: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
-            # db: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # db: f32[N], broadcast over M
         ),
         out_shape=(
             jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
@@ -2123,13 +2095,10 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2415,16 +2384,12 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -2760,17 +2725,12 @@ def _rms_norm_backward_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3158,15 +3118,11 @@ def _rms_norm_backward_over_m_gpu(
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        # dw: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -239,13 +239,10 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -470,15 +467,10 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
         functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -754,13 +746,10 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1009,18 +998,13 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dz: f32[M, N]
         ],
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -1270,12 +1254,8 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1558,13 +1538,10 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: f32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: f32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: f32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1821,13 +1798,10 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2076,13 +2050,10 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2312,12 +2283,8 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2555,13 +2522,10 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2822,13 +2786,10 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3081,13 +3042,10 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3322,12 +3280,8 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i8[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3585,13 +3539,10 @@ def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpr
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i8[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i8[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -205,12 +205,8 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -534,12 +530,8 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
         # One program per block of M; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -754,12 +746,8 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1066,12 +1054,8 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i))
-        ],
-        # s: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1310,13 +1294,10 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # ds: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N], broadcast over M
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1616,15 +1597,10 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -1934,19 +1910,12 @@ def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_s
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -2317,17 +2286,12 @@ def _quantize_rows_int8_backward_gpu(
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dscale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2615,13 +2579,10 @@ def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret)
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -225,12 +225,8 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -537,19 +533,12 @@ def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, inte
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -944,19 +933,13 @@ def _softmax_backward_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1346,12 +1329,8 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1610,15 +1589,10 @@ def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, 
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -1914,15 +1888,11 @@ def _log_softmax_backward_gpu(
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
