@@ -231,11 +231,8 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     (z,) = plgpu.kernel(
         functools.partial(_add_vectors_mosaic_gpu_kernel, block_n=block_n),
@@ -440,11 +437,8 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     dx, dy = plgpu.kernel(
         functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),

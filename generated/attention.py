@@ -795,11 +795,8 @@ def _attention_mosaic_gpu_kernel(
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -1649,11 +1646,8 @@ def _attention_backward_dq_mosaic_gpu_kernel(
 def _attention_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -2492,11 +2486,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 def _attention_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t = 64
     block_s = 64
     block_d = d + -d % 64
@@ -3317,11 +3308,8 @@ def _attention_dq_mosaic_gpu_kernel(
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -4182,11 +4170,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
-    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t = 64
     block_s = 64
     block_d = d + -d % 64
@@ -4873,11 +4858,8 @@ def _attention_full_mosaic_gpu_kernel(
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -5481,11 +5463,8 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -6136,11 +6115,8 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 def _attention_full_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -6814,11 +6790,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 def _attention_full_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t = 64
     block_s = 64
     block_d = d + -d % 64
@@ -7614,11 +7587,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -8320,11 +8290,9 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
 def _attention_bottom_right_with_residuals_mosaic_gpu(
     q, k, v, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -9129,11 +9097,9 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
 def _attention_bottom_right_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -9989,11 +9955,9 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_t = 64
     block_s = 64
     block_d = d + -d % 64
@@ -10641,11 +10605,8 @@ def _gqa_mosaic_gpu_kernel(
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -11225,11 +11186,8 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -11886,11 +11844,8 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 64
     block_d = d + -d % 64
@@ -12564,11 +12519,8 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
-    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t = 64
     block_s = 64
     block_d = d + -d % 64
@@ -13005,11 +12957,8 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
 
 
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
-    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t = 64
     block_d = 128
     padded_t = t + -t % 8
@@ -13439,11 +13388,8 @@ _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -13552,11 +13498,8 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
 
 
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
-    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -13576,8 +13519,8 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
 
 
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
-    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
+    stages in turn, the arrays between them in global memory."""
     acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
     y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
@@ -13829,11 +13772,8 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
 
 
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -14170,11 +14110,8 @@ _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_backward_x_mosaic_gpu(
     dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_softmax_backward_x_mosaic_gpu_options,
         (m, k, n),
@@ -14528,11 +14465,8 @@ _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_backward_w_mosaic_gpu(
     x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_softmax_backward_w_mosaic_gpu_options,
         (k, n, m),
@@ -14954,11 +14888,8 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
-    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_k = 128
     padded_m = m + -m % block_m
@@ -15021,11 +14952,8 @@ _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -15066,8 +14994,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 
 
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
+    stages in turn, the arrays between them in global memory."""
     lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
     y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
@@ -15344,11 +15272,8 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_k = 128
     padded_m = m + -m % block_m
@@ -15692,11 +15617,8 @@ _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options,
         (m, k, n),
@@ -16050,11 +15972,8 @@ _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_backward_w_mosaic_gpu(
     lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_mosaic_gpu_options,
         (k, n, m),
@@ -16434,11 +16353,8 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_k = 128
     padded_m = m + -m % block_m
@@ -16776,11 +16692,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_k = 128
     padded_m = m + -m % block_m

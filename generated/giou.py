@@ -472,11 +472,8 @@ def _giou_mosaic_gpu_kernel(
 
 
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
-    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_b = 64
     block_n = 64
     padded_b = b + -b % 8
@@ -1390,11 +1387,8 @@ def _giou_backward_mosaic_gpu_kernel(
 def _giou_backward_mosaic_gpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret
 ):
-    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_b = 64
     block_n = 32
     padded_b = b + -b % 8

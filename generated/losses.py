@@ -458,11 +458,8 @@ def _cross_entropy_mosaic_gpu_kernel(
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_v = 128
     padded_m = m + -m % block_m
@@ -885,11 +882,8 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_v = 128
     padded_m = m + -m % block_m
@@ -1201,11 +1195,8 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_v = 128
     padded_m = m + -m % 8

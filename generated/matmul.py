@@ -358,11 +358,8 @@ _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -698,11 +695,8 @@ _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_backward_x_mosaic_gpu(
     dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -1032,11 +1026,8 @@ _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_backward_y_mosaic_gpu(
     x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -1490,11 +1481,8 @@ _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -1862,11 +1850,8 @@ _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options,
         (m, n, k),
@@ -2258,11 +2243,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -2323,11 +2305,8 @@ _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
@@ -2718,11 +2697,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -2783,11 +2759,8 @@ _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
         (k, n, m),
@@ -3312,11 +3285,8 @@ _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -3736,11 +3706,8 @@ _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
         (m, n, k),
@@ -4182,11 +4149,9 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -4249,11 +4214,9 @@ _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
@@ -4758,11 +4721,9 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -4825,11 +4786,9 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -4892,11 +4851,9 @@ _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
         (k, n, m),
@@ -5300,11 +5257,8 @@ _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 def _matmul_int8_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -5721,11 +5675,8 @@ _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _batched_matmul_mosaic_gpu(
     x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -6092,11 +6043,9 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -6160,11 +6109,9 @@ _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
         (b, m, k, n),
@@ -6544,11 +6491,9 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % 8
@@ -6612,11 +6557,9 @@ _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
         (b, k, n, m),
@@ -7032,11 +6975,8 @@ def _scores_mosaic_gpu(
     stages=None,
     interpret,
 ):
-    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
@@ -7316,11 +7256,8 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s = 64
     block_t = 128
     padded_s = s + -s % 8
@@ -7660,11 +7597,8 @@ _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
@@ -8028,11 +7962,8 @@ _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
@@ -8464,11 +8395,8 @@ _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _linear_mosaic_gpu(
     x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -8767,11 +8695,8 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -9090,11 +9015,8 @@ _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _linear_backward_x_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -9438,11 +9360,8 @@ _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _linear_backward_w_mosaic_gpu(
     dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
 ):
-    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )

@@ -456,11 +456,8 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -865,11 +862,8 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -1391,11 +1385,8 @@ def _layer_norm_backward_mosaic_gpu_kernel(
 def _layer_norm_backward_mosaic_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret
 ):
-    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -1810,11 +1801,8 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -2160,11 +2148,8 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -2461,11 +2446,8 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -2830,11 +2812,8 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
@@ -3172,11 +3151,8 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m = 64
     block_n = 128
     padded_m = m + -m % block_m
