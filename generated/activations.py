@@ -270,8 +270,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
 
 
 def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, mask_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -509,8 +508,7 @@ def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages,
 
 
 def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n, slope):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, dy_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -817,8 +815,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
 
 
 def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, y_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1112,8 +1109,7 @@ def _bias_gelu_backward_gpu(
 def _bias_gelu_backward_mosaic_gpu_kernel(
     x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -2155,8 +2151,7 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
 
 
 def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, scale_smem, q_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))

@@ -13347,8 +13347,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
 def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(
         product_ref,
@@ -14071,8 +14070,7 @@ def _matmul_softmax_backward_x_gpu(
 def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, w_smem):
@@ -14426,8 +14424,7 @@ def _matmul_softmax_backward_w_gpu(
 def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, dacc_smem):
@@ -14913,8 +14910,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
 def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, w_smem):
@@ -15578,8 +15574,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, w_smem):
@@ -15933,8 +15928,7 @@ def _rmsnorm_matmul_backward_w_gpu(
 def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, dy_smem):

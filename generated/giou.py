@@ -429,8 +429,7 @@ def _giou_mosaic_gpu_kernel(
     block_n,
     eps,
 ):
-    program_b = jax.lax.axis_index("B")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("N")
 
     def step(
         _, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem
@@ -1201,8 +1200,7 @@ def _giou_backward_mosaic_gpu_kernel(
     block_n,
     eps,
 ):
-    program_b = jax.lax.axis_index("B")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("N")
 
     def step(
         _,

@@ -1166,8 +1166,7 @@ def _cross_entropy_backward_gpu(
 def _cross_entropy_backward_mosaic_gpu_kernel(
     logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_m, block_v
 ):
-    program_m = jax.lax.axis_index("M")
-    program_v = jax.lax.axis_index("V")
+    program_m, program_v = jax.lax.axis_index("M"), jax.lax.axis_index("V")
 
     def step(_, logits_smem, label_smem, logsumexp_v_smem, dloss_smem, dlogits_smem):
         logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))

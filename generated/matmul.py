@@ -319,8 +319,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
 def _matmul_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -656,8 +655,7 @@ def _matmul_backward_x_gpu(
 def _matmul_backward_x_mosaic_gpu_kernel(
     dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dz_smem, y_smem):
@@ -987,8 +985,7 @@ def _matmul_backward_y_gpu(
 def _matmul_backward_y_mosaic_gpu_kernel(
     x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, dz_smem):
@@ -1442,8 +1439,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 def _matmul_relu_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -1803,8 +1799,7 @@ def _matmul_relu_with_residuals_gpu(
 def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(
         product_ref,
@@ -2222,8 +2217,7 @@ def _matmul_relu_backward_x_gpu(
 def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     acc_ref, dz_ref, lhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -2266,8 +2260,7 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -2676,8 +2669,7 @@ def _matmul_relu_backward_y_gpu(
 def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     acc_ref, dz_ref, rhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -2720,8 +2712,7 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -3241,8 +3232,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -3654,8 +3644,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(
         product_ref,
@@ -4118,8 +4107,7 @@ def _matmul_bias_gelu_backward_x_gpu(
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -4175,8 +4163,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -4755,8 +4742,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -4812,8 +4798,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -5218,8 +5203,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 def _matmul_int8_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -8351,8 +8335,7 @@ def _linear_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, w_smem):
@@ -8976,8 +8959,7 @@ def _linear_backward_x_gpu(
 def _linear_backward_x_mosaic_gpu_kernel(
     dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, w_smem):
@@ -9321,8 +9303,7 @@ def _linear_backward_w_gpu(
 def _linear_backward_w_mosaic_gpu_kernel(
     dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
 ):
-    program_n = jax.lax.axis_index("N")
-    program_k = jax.lax.axis_index("K")
+    program_n, program_k = jax.lax.axis_index("N"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, x_smem):

@@ -251,8 +251,7 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -480,8 +479,7 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
 
 
 def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, dx_smem, dy_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -752,8 +750,7 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1008,8 +1005,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
 
 
 def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, dz_smem, dx_smem, dy_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1792,8 +1788,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -2041,8 +2036,7 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -2768,8 +2762,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
 
 
 def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -3021,8 +3014,7 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
 
 
 def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))

@@ -1294,8 +1294,7 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
 
 
 def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, ds_smem, dx_smem):
         ds = rt.mgpu_load(ds_smem, (block_m, block_n), (1,))
@@ -2281,8 +2280,7 @@ def _quantize_rows_int8_backward_gpu(
 def _quantize_rows_int8_backward_mosaic_gpu_kernel(
     x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, max_n_smem, argmax_n_smem, dscale_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))

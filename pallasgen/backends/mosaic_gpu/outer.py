@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, reductions, sized_dims
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -105,7 +105,7 @@ class OuterPlanner:
             update.append(f"{running[node]} = {FUNCTIONS[kind].reducer.merge.format(running[node], value)}")
         carried = tuple_code(names)
         body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in (*outer, *plane)),
+            *program_lines({d: program[d] for d in (*outer, *plane)}),
             "",
             f"def {reduce_step}(_, {', '.join([*(smem[d.name] for d in swept), carry])}):",
             f"    {carried} = {carry}",

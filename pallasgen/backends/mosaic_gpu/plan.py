@@ -34,6 +34,7 @@ from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
     SMEM_BUDGET,
+    program_lines,
     refusal,
     sized_dims,
 )
@@ -288,7 +289,7 @@ class _ElementwisePlanner(_Planner):
         ]
         refs = [self.refs[d.name] for d in arrays]
         kernel_body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            *program_lines({d: program[d] for d in layout}),
             "",
             f"def {step}(_, {', '.join(self.smem[d.name] for d in arrays)}):",
             *(f"    {line}" for line in body),
@@ -429,7 +430,7 @@ class _ProductPlanner(_Planner):
             *epilogue_body,
         ]
         kernel_body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            *program_lines({d: program[d] for d in layout}),
             "",
             f"def {scope}({acc_ref}):  # the accumulator in registers, for this block's K steps and epilogue",
             *(f"    {line}" for line in accumulate),

@@ -47,6 +47,14 @@ OUTPUT_TILES_BUDGET = 128 * 1024
 WGMMA_DTYPES = {"bf16": 64, "f16": 64, "f32": 32, "i8": 128}
 
 
+def program_lines(program: dict[str, str]) -> list[str]:
+    """A kernel's first lines: the index of each grid dimension (`program` maps it to its
+    name), in one assignment where that fits a line of the kernel's body."""
+    names, values = list(program.values()), [f"jax.lax.axis_index({d!r})" for d in program]
+    line = f"{', '.join(names)} = {', '.join(values)}"
+    return [line] if len(line) <= 96 else [f"{n} = {v}" for n, v in zip(names, values)]
+
+
 def refusal(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this kernel, or None if it does."""
     kernel, product = checked.kernel, checked.product
