@@ -292,9 +292,7 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, mask = plgpu.kernel(
@@ -530,12 +528,9 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
@@ -842,15 +837,10 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale = rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
     (y,) = plgpu.kernel(
         functools.partial(_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -1143,16 +1133,10 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(_bias_gelu_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -1512,16 +1496,10 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -1888,16 +1866,10 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dscale,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -2174,13 +2146,9 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
     """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
+    x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
     (q,) = plgpu.kernel(
         functools.partial(_quantize_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),

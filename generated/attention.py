@@ -12959,9 +12959,7 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t = 64
-    block_d = 128
-    padded_t = t + -t % 8
+    block_t, block_d, padded_t = 64, 128, t + -t % 8
     padded_d = d + -d % block_d
     dk_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
     dv_r = rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
@@ -13403,11 +13401,8 @@ def _matmul_softmax_stage_1_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_stage_1_mosaic_gpu_kernel,
@@ -13499,10 +13494,8 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
     """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
@@ -13773,12 +13766,9 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dacc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -14126,11 +14116,8 @@ def _matmul_softmax_backward_x_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dacc, w = rt.mgpu_pad(dacc, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_x_mosaic_gpu_kernel,
@@ -14480,12 +14467,9 @@ def _matmul_softmax_backward_w_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
+    x, dacc = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dacc, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_w_mosaic_gpu_kernel,
@@ -14887,13 +14871,9 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -14964,11 +14944,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 2 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_2_mosaic_gpu_kernel,
@@ -15270,13 +15247,9 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     lhs, mean_k = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -15630,11 +15603,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
     (dlhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel,
@@ -15984,12 +15954,9 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
-    lhs = rt.mgpu_pad(lhs, (padded_k, padded_m))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    lhs, dy = rt.mgpu_pad(lhs, (padded_k, padded_m)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_w_mosaic_gpu_kernel,
@@ -16349,15 +16316,10 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
     """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
-    mean_k = mean_k.reshape((m,))
-    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
+    mean_k = rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -16689,13 +16651,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    mean_k = mean_k.reshape((m,))
-    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dg,) = plgpu.kernel(
         functools.partial(

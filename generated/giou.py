@@ -473,18 +473,12 @@ def _giou_mosaic_gpu_kernel(
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
     """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_b = 64
-    block_n = 64
-    padded_b = b + -b % 8
+    block_b, block_n, padded_b = 64, 64, b + -b % 8
     padded_n = n + -n % block_n
-    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
+    ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     (giou,) = plgpu.kernel(
         functools.partial(_giou_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
@@ -1387,18 +1381,12 @@ def _giou_backward_mosaic_gpu(
 ):
     """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_b = 64
-    block_n = 32
-    padded_b = b + -b % 8
+    block_b, block_n, padded_b = 64, 32, b + -b % 8
     padded_n = n + -n % block_n
-    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
+    ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     dgiou = rt.mgpu_pad(dgiou, (padded_b, padded_n))
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
         functools.partial(

@@ -460,13 +460,10 @@ def _cross_entropy_mosaic_gpu_kernel(
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
     """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % block_m
-    padded_v = v + -v % block_v
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
@@ -884,13 +881,10 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
     """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % block_m
-    padded_v = v + -v % block_v
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
         functools.partial(
             _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
@@ -1196,17 +1190,12 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
     """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % 8
+    block_m, block_v, padded_m = 64, 128, m + -m % 8
     padded_v = v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
-    logsumexp_v = logsumexp_v.reshape((m,))
-    logsumexp_v = rt.mgpu_pad(logsumexp_v, (padded_m,))
-    dloss = dloss.reshape((m,))
-    dloss = rt.mgpu_pad(dloss, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))
+    dloss = rt.mgpu_pad(dloss.reshape((m,)), (padded_m,))
     (dlogits,) = plgpu.kernel(
         functools.partial(
             _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v

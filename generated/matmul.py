@@ -373,12 +373,9 @@ def _matmul_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_mosaic_gpu_kernel,
@@ -709,11 +706,8 @@ def _matmul_backward_x_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_x_mosaic_gpu_kernel,
@@ -1039,13 +1033,10 @@ def _matmul_backward_y_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    dz = rt.mgpu_pad(dz, (padded_n, padded_m))
+    x, dz = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel,
@@ -1493,12 +1484,9 @@ def _matmul_relu_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_mosaic_gpu_kernel,
@@ -1868,12 +1856,9 @@ def _matmul_relu_with_residuals_mosaic_gpu(
             232448,
         ),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_relu_with_residuals_mosaic_gpu_kernel,
@@ -2239,12 +2224,9 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
     GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2316,11 +2298,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -2691,12 +2670,9 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
     GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2768,13 +2744,10 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (padded_n, padded_m))
+    x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel,
@@ -3296,13 +3269,9 @@ def _matmul_bias_gelu_mosaic_gpu(
             232448,
         ),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_mosaic_gpu_kernel,
@@ -3719,13 +3688,9 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
             232448,
         ),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
@@ -4140,13 +4105,9 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
@@ -4220,11 +4181,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -4711,13 +4669,9 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
@@ -4775,13 +4729,9 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
     """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
@@ -4855,12 +4805,9 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (padded_m, padded_n))
+    x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel,
@@ -5257,12 +5204,9 @@ def _matmul_int8_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (1 * block_m * block_k + 1 * block_n * block_k) + 4 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_int8_mosaic_gpu_kernel,
@@ -5675,11 +5619,8 @@ def _batched_matmul_mosaic_gpu(
         (block_m * block_n, 16384),
         (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (b, padded_m, padded_k))
-    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_mosaic_gpu_kernel,
@@ -6030,9 +5971,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
@@ -6112,11 +6051,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (b, padded_m, padded_n))
-    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel,
@@ -6478,9 +6414,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
@@ -6560,12 +6494,9 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
         (block_k * block_n, 16384),
         (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (b, padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (b, padded_m, padded_n))
+    x, rhs = rt.mgpu_pad(x, (b, padded_k, padded_m)), rt.mgpu_pad(rhs, (b, padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel,
@@ -6975,11 +6906,9 @@ def _scores_mosaic_gpu(
         (block_s * block_t, 16384),
         (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
     )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     padded_d = d + -d % block_d
-    q = rt.mgpu_pad(q, (b, padded_size_s, padded_d))
-    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
+    q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
             _scores_mosaic_gpu_kernel,
@@ -7242,9 +7171,7 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 128
-    padded_s = s + -s % 8
+    block_s, block_t, padded_s = 64, 128, s + -s % 8
     padded_t = t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
@@ -7597,11 +7524,8 @@ def _scores_backward_q_mosaic_gpu(
         (block_s * block_d, 16384),
         (stages * (2 * block_s * block_t + 2 * block_d * block_t) + 2 * block_s * block_d, 232448),
     )
-    padded_s = s + -s % block_s
-    padded_d = d + -d % block_d
-    padded_t = t + -t % block_t
-    dacc = rt.mgpu_pad(dacc, (b, padded_s, padded_t))
-    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
+    padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
+    dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
             _scores_backward_q_mosaic_gpu_kernel,
@@ -7962,12 +7886,9 @@ def _scores_backward_k_mosaic_gpu(
         (block_t * block_d, 16384),
         (stages * (2 * block_t * block_s + 2 * block_d * block_s) + 2 * block_t * block_d, 232448),
     )
-    padded_t = t + -t % block_t
-    padded_d = d + -d % block_d
-    padded_s = s + -s % block_s
+    padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
-    dacc = rt.mgpu_pad(dacc, (b, padded_t, padded_s))
-    q = rt.mgpu_pad(q, (b, padded_s, padded_d))
+    dacc, q = rt.mgpu_pad(dacc, (b, padded_t, padded_s)), rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
             _scores_backward_k_mosaic_gpu_kernel,
@@ -8399,13 +8320,9 @@ def _linear_mosaic_gpu(
             232448,
         ),
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_n, padded_k))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _linear_mosaic_gpu_kernel,
@@ -8680,10 +8597,8 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
@@ -9013,11 +8928,8 @@ def _linear_backward_x_mosaic_gpu(
         (block_m * block_k, 16384),
         (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_n, padded_k))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
             _linear_backward_x_mosaic_gpu_kernel,
@@ -9357,12 +9269,9 @@ def _linear_backward_w_mosaic_gpu(
         (block_n * block_k, 16384),
         (stages * (2 * block_n * block_m + 2 * block_k * block_m) + 2 * block_n * block_k, 232448),
     )
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    padded_m = m + -m % block_m
+    padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
-    dy = rt.mgpu_pad(dy, (padded_n, padded_m))
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    dy, x = rt.mgpu_pad(dy, (padded_n, padded_m)), rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
             _linear_backward_w_mosaic_gpu_kernel,

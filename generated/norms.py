@@ -458,15 +458,10 @@ def _layer_norm_mosaic_gpu_kernel(
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    b = b.reshape((n,))
-    b = rt.mgpu_pad(b, (padded_n,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd = plgpu.kernel(
         functools.partial(
             _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -864,15 +859,10 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    b = b.reshape((n,))
-    b = rt.mgpu_pad(b, (padded_n,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
         functools.partial(
             _layer_norm_with_residuals_mosaic_gpu_kernel,
@@ -1387,24 +1377,14 @@ def _layer_norm_backward_mosaic_gpu(
 ):
     """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    mu = mu.reshape((m,))
-    mu = rt.mgpu_pad(mu, (padded_m,))
-    rstd = rstd.reshape((m,))
-    rstd = rt.mgpu_pad(rstd, (padded_m,))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    dmu = dmu.reshape((m,))
-    dmu = rt.mgpu_pad(dmu, (padded_m,))
-    drstd = drstd.reshape((m,))
-    drstd = rt.mgpu_pad(drstd, (padded_m,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    mu = rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
+    rstd = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
+    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
+    dy, dmu = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(dmu.reshape((m,)), (padded_m,))
+    drstd = rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -1803,16 +1783,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    mu = mu.reshape((m,))
-    mu = rt.mgpu_pad(mu, (padded_m,))
-    rstd = rstd.reshape((m,))
-    rstd = rt.mgpu_pad(rstd, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
+    rstd, dy = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     dw, db = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -2150,13 +2124,9 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
     """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -2448,13 +2418,9 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     y, mean_n = plgpu.kernel(
         functools.partial(
             _rms_norm_with_residuals_mosaic_gpu_kernel,
@@ -2814,15 +2780,10 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -3153,13 +3114,9 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
     """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(

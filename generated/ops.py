@@ -272,12 +272,9 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -500,9 +497,7 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
@@ -771,12 +766,9 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -1032,12 +1024,9 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -1283,10 +1272,8 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -1809,12 +1796,9 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2057,12 +2041,9 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2298,10 +2279,8 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -2783,12 +2762,9 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3035,12 +3011,9 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3281,10 +3254,8 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),

@@ -251,10 +251,8 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -539,10 +537,8 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
 def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -785,10 +781,8 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -1085,10 +1079,8 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (s,) = plgpu.kernel(
         functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
@@ -1314,13 +1306,9 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    ds = ds.reshape((n,))
-    ds = rt.mgpu_pad(ds, (padded_n,))
+    x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -1651,10 +1639,8 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
 def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale = plgpu.kernel(
         functools.partial(
@@ -1996,10 +1982,8 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
 def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
     GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale, max_n, argmax_n = plgpu.kernel(
         functools.partial(
@@ -2312,17 +2296,11 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
     """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
+    block_m, block_n, padded_m = 64, 128, m + -m % 8
     padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    max_n = max_n.reshape((m,))
-    max_n = rt.mgpu_pad(max_n, (padded_m,))
-    argmax_n = argmax_n.reshape((m,))
-    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
-    dscale = dscale.reshape((m,))
-    dscale = rt.mgpu_pad(dscale, (padded_m,))
+    x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
+    dscale = rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n

@@ -305,10 +305,8 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
     """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -657,10 +655,8 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
         functools.partial(
@@ -1077,18 +1073,11 @@ def _softmax_backward_mosaic_gpu_kernel(
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
     """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 64
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    sum_n = sum_n.reshape((m,))
-    sum_n = rt.mgpu_pad(sum_n, (padded_m,))
-    argmax_n = argmax_n.reshape((m,))
-    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
-    max_n = max_n.reshape((m,))
-    max_n = rt.mgpu_pad(max_n, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    block_m, block_n = 64, 64
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
+    max_n, dy = rt.mgpu_pad(max_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -1382,10 +1371,8 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
     """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -1655,10 +1642,8 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
         functools.partial(
@@ -1957,13 +1942,10 @@ def _log_softmax_backward_mosaic_gpu_kernel(
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m = 64
-    block_n = 64
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 64
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    logsumexp_n = logsumexp_n.reshape((m,))
-    logsumexp_n = rt.mgpu_pad(logsumexp_n, (padded_m,))
+    logsumexp_n = rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(

@@ -34,6 +34,7 @@ from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
     SMEM_BUDGET,
+    compact,
     program_lines,
     refusal,
     sized_dims,
@@ -186,7 +187,7 @@ class _Planner:
         kernel, sizes = self.kernel, self.sizes
         lines = [f"{block_keyword(d)} = {b}" for d, b in blocks.items()]
         lines += [f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()]
-        lines += reshapes
+        lines = compact([*lines, *reshapes])
         outs = [self.values[o.name] for o in kernel.outputs]
         lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
         cropped = []

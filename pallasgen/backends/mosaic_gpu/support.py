@@ -8,6 +8,8 @@ here, so a kernel taken lowers on both. A kernel refused keeps Triton, and its
 
 from __future__ import annotations
 
+import re
+
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
@@ -53,6 +55,36 @@ def program_lines(program: dict[str, str]) -> list[str]:
     names, values = list(program.values()), [f"jax.lax.axis_index({d!r})" for d in program]
     line = f"{', '.join(names)} = {', '.join(values)}"
     return [line] if len(line) <= 96 else [f"{n} = {v}" for n, v in zip(names, values)]
+
+
+def compact(lines: list[str], width: int = 96) -> list[str]:
+    """Assignments (`name = value`, one a line, in order) in fewer lines, as the same
+    values computed in the same order: a value assigned and then only passed on once
+    is written where it is passed (`x = f(x)` after `x = g(x)`: `x = f(g(x))`), and
+    values that need no name assigned before them in the line share one assignment
+    (`a, b = f(x), g(y)`), within `width`."""
+    pairs: list[tuple[str, str]] = []
+    for line in lines:
+        name, value = line.split(" = ", 1)
+        uses = re.findall(rf"\b{name}\b", value)
+        if pairs and pairs[-1][0] == name and len(uses) == 1 and "#" not in pairs[-1][1]:
+            value = re.sub(rf"\b{name}\b", lambda _: pairs.pop()[1], value)
+        pairs.append((name, value))
+    out: list[list[tuple[str, str]]] = []
+    for name, value in pairs:
+        group = out[-1] if out else None
+        words = set(re.findall(r"\w+", value))
+        joined = group and [*group, (name, value)]
+        if (
+            group
+            and "#" not in value
+            and all("#" not in v and n != name and n not in words for n, v in group)
+            and len(f"{', '.join(n for n, _ in joined)} = {', '.join(v for _, v in joined)}") <= width
+        ):
+            group.append((name, value))
+        else:
+            out.append([(name, value)])
+    return [f"{', '.join(n for n, _ in g)} = {', '.join(v for _, v in g)}" for g in out]
 
 
 def refusal(checked: CheckedKernel) -> str | None:
