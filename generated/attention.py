@@ -797,15 +797,13 @@ def _attention_mosaic_gpu_kernel(
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1648,15 +1646,13 @@ def _attention_backward_dq_mosaic_gpu(
 ):
     """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2488,15 +2484,13 @@ def _attention_backward_dkdv_mosaic_gpu(
 ):
     """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t = 64
-    block_s = 64
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -3310,15 +3304,13 @@ def _attention_dq_mosaic_gpu_kernel(
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4172,15 +4164,13 @@ def _attention_dkdv_mosaic_gpu_kernel(
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
     """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t = 64
-    block_s = 64
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_s = s + -s % block_s
+    padded_t, padded_s = t + -t % block_t, s + -s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4860,15 +4850,13 @@ def _attention_full_mosaic_gpu_kernel(
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s = s + -s % block_s
-    padded_t = t + -t % block_t
+    padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -5465,15 +5453,13 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s = s + -s % block_s
-    padded_t = t + -t % block_t
+    padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -6117,15 +6103,13 @@ def _attention_full_backward_dq_mosaic_gpu(
 ):
     """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -6792,15 +6776,13 @@ def _attention_full_backward_dkdv_mosaic_gpu(
 ):
     """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t = 64
-    block_s = 64
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -7589,15 +7571,13 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -8293,15 +8273,13 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -9100,15 +9078,13 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -9958,15 +9934,13 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_t = 64
-    block_s = 64
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -10607,15 +10581,13 @@ def _gqa_mosaic_gpu_kernel(
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -11188,15 +11160,13 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -11846,15 +11816,13 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
     """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s = 64
-    block_t = 64
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -12521,15 +12489,13 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
     """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t = 64
-    block_s = 64
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))

@@ -36,7 +36,7 @@ from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
 from pallasgen.lowering.parts import parameter_list, tuple_code
@@ -508,7 +508,7 @@ class FusedPlanner:
     def _launcher(self, keywords, scratch_types) -> tuple[str, ...]:
         """Blocks, the arrays padded, the kernel, its outputs sliced back to their layout."""
         kernel, sizes = self.kernel, self.sizes
-        lines = [f"{block_keyword(d)} = {BLOCK}" for d in self.blocked]
+        lines = compact([f"{block_keyword(d)} = {BLOCK}" for d in self.blocked])
         for d in self.whole:
             lines += [
                 f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
@@ -516,11 +516,12 @@ class FusedPlanner:
                 f'    raise ValueError(f\'{kernel.name}: gpu_backend="mosaic_gpu" holds {d} whole, up to {WIDEST};'
                 f' got {d}={{{sizes[d]}}} (use gpu_backend="triton")\')',
             ]
-        lines += [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
+        padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
         for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
             value = self.values[decl.name]
             own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
-            lines.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
+            padding.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
+        lines += compact(padding)
         out_types = ", ".join(
             f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
             for o in kernel.outputs
