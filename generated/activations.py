@@ -237,17 +237,16 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _leaky_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
@@ -476,17 +475,16 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n,
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _leaky_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
@@ -781,17 +779,16 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_bias_gelu_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1063,7 +1060,8 @@ def _bias_gelu_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1071,11 +1069,9 @@ def _bias_gelu_backward_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1400,7 +1396,8 @@ def _bias_gelu_backward_over_m_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1408,11 +1405,9 @@ def _bias_gelu_backward_over_m_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1770,7 +1765,8 @@ def _bias_gelu_backward_over_n_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -1778,11 +1774,9 @@ def _bias_gelu_backward_over_n_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -2095,17 +2089,16 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_quantize_rows_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.

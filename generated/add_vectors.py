@@ -185,16 +185,16 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n, block_n=block_n),
         # One program per block of N; programs run concurrently.
@@ -388,16 +388,16 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),
         # One program per block of N; programs run concurrently.

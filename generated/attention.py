@@ -639,8 +639,9 @@ def _attention_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -648,11 +649,9 @@ def _attention_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -1424,8 +1423,9 @@ def _attention_backward_dq_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1451,13 +1451,12 @@ def _attention_backward_dq_gpu(
     interpret,
 ):
     """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -2288,8 +2287,9 @@ def _attention_backward_dkdv_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2314,13 +2314,12 @@ def _attention_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -3115,8 +3114,9 @@ def _attention_dq_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3141,11 +3141,12 @@ def _attention_dq_gpu(
     interpret,
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_dq_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_dq_gpu_options,
+        (size_s, t, b, h, d),
+        (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -3981,8 +3982,9 @@ def _attention_dkdv_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4007,11 +4009,9 @@ def _attention_dkdv_gpu(
     interpret,
 ):
     """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
-        _attention_dkdv_gpu_options, (b, h, t, d, s), (block_t, block_s, num_warps, num_stages)
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
+        _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -4715,8 +4715,9 @@ def _attention_full_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4724,11 +4725,9 @@ def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -5303,8 +5302,9 @@ def _attention_full_with_residuals_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5312,13 +5312,12 @@ def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_with_residuals_gpu_options,
-        (b, h, s, d, t),
+        (s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -5921,8 +5920,9 @@ def _attention_full_backward_dq_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5947,13 +5947,12 @@ def _attention_full_backward_dq_gpu(
     interpret,
 ):
     """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -6600,8 +6599,9 @@ def _attention_full_backward_dkdv_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -6626,13 +6626,12 @@ def _attention_full_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -7419,8 +7418,9 @@ def _attention_bottom_right_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -7428,13 +7428,12 @@ def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -8105,8 +8104,9 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -8114,13 +8114,12 @@ def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_with_residuals_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -8867,8 +8866,9 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -8893,13 +8893,12 @@ def _attention_bottom_right_backward_dq_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -9729,8 +9728,9 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -9755,13 +9755,12 @@ def _attention_bottom_right_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -10444,18 +10443,17 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -11006,8 +11004,9 @@ def _gqa_with_residuals_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -11015,13 +11014,12 @@ def _gqa_with_residuals_gpu(
     q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
     """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_with_residuals_gpu_options,
-        (b, g, r, size_s, d, t),
+        (size_s, t, b, g, r, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -11627,8 +11625,9 @@ def _gqa_backward_dq_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -11653,13 +11652,12 @@ def _gqa_backward_dq_gpu(
     interpret,
 ):
     """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dq_gpu_options,
-        (b, g, r, size_s, d, t),
+        (size_s, t, b, g, r, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -12310,8 +12308,9 @@ def _gqa_backward_dkdv_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# sizes (T, S, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
+# blocks: a small dimension is one masked block.
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -12336,13 +12335,12 @@ def _gqa_backward_dkdv_gpu(
     interpret,
 ):
     """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dkdv_gpu_options,
-        (b, g, r, t, d, size_s),
+        (t, size_s, b, g, r, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -12791,8 +12789,9 @@ def _gqa_backward_over_r_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, G, R, T, D) shown (the spec's .tuning.json file), the
+# timed best at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the
 # entry nearest the call's sizes winning. None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks: a small dimension is one masked block.
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
 
 
@@ -12814,15 +12813,11 @@ def _gqa_backward_over_r_gpu(
     interpret,
 ):
     """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.gpu_options(
+    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _gqa_backward_over_r_gpu_options,
-        (b, g, r, t, d),
+        (b, g, t, d, r),
         (block_b, block_g, block_t, block_d, num_warps, num_stages),
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_g = min(block_g, pl.next_power_of_2(g))  # a small G is one block
-    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
-    block_d = min(block_d, pl.next_power_of_2(d))  # a small D is one block
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -13269,18 +13264,17 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
 
 # GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's).
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's
+# sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks:
+# a small dimension is one masked block.
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_softmax_gpu_options, (m, n, k), (block_m, block_k, num_warps, num_stages)
+    block_m, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -13641,16 +13635,16 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -13982,7 +13976,8 @@ def _matmul_softmax_backward_x_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -13990,14 +13985,12 @@ def _matmul_softmax_backward_x_gpu(
     dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_softmax_backward_x_gpu_kernel,
@@ -14333,7 +14326,8 @@ def _matmul_softmax_backward_w_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -14341,14 +14335,12 @@ def _matmul_softmax_backward_w_gpu(
     x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_softmax_backward_w_gpu_kernel,
@@ -14740,17 +14732,16 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's).
+# sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks:
+# a small dimension is one masked block.
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
-        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages)
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
+        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -15114,16 +15105,16 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, bloc
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
     """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -15469,7 +15460,8 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -15477,14 +15469,12 @@ def _rmsnorm_matmul_backward_lhs_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_lhs_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _rmsnorm_matmul_backward_lhs_gpu_kernel,
@@ -15820,7 +15810,8 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -15828,14 +15819,12 @@ def _rmsnorm_matmul_backward_w_gpu(
     lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _rmsnorm_matmul_backward_w_gpu_kernel,
@@ -16155,7 +16144,8 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -16163,10 +16153,9 @@ def _rmsnorm_matmul_lhs_backward_gpu(
     x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -16533,7 +16522,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -16541,13 +16531,11 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_over_m_gpu_options,
         (m, k),
         (block_m, block_k, num_warps, num_stages),
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_k = min(block_k, pl.next_power_of_2(k))  # a small K is one block
     return pl.pallas_call(
         functools.partial(
             _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel,

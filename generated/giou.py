@@ -363,7 +363,8 @@ def _giou_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -387,11 +388,9 @@ def _giou_gpu(
     interpret,
 ):
     """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = rt.gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_giou_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
@@ -1098,7 +1097,8 @@ def _giou_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1123,11 +1123,9 @@ def _giou_backward_gpu(
     interpret,
 ):
     """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = rt.gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _giou_backward_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps

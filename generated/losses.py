@@ -375,17 +375,16 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
         functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself,
@@ -768,7 +767,8 @@ def _cross_entropy_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -776,11 +776,9 @@ def _cross_entropy_with_residuals_gpu(
     logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
         functools.partial(
             _cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
@@ -1122,7 +1120,8 @@ def _cross_entropy_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1130,11 +1129,9 @@ def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
         functools.partial(
             _cross_entropy_backward_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v

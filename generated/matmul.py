@@ -285,18 +285,16 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -608,7 +606,8 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -616,14 +615,12 @@ def _matmul_backward_x_gpu(
     dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_backward_x_gpu_kernel,
@@ -935,7 +932,8 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -943,14 +941,12 @@ def _matmul_backward_y_gpu(
     x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_backward_y_gpu_kernel,
@@ -1390,18 +1386,16 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_relu_gpu_kernel,
@@ -1737,7 +1731,8 @@ def _matmul_relu_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -1745,14 +1740,12 @@ def _matmul_relu_with_residuals_gpu(
     x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_relu_with_residuals_gpu_kernel,
@@ -2157,7 +2150,8 @@ def _matmul_relu_backward_x_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2165,14 +2159,12 @@ def _matmul_relu_backward_x_gpu(
     acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_relu_backward_x_gpu_kernel,
@@ -2603,7 +2595,8 @@ def _matmul_relu_backward_y_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2611,14 +2604,12 @@ def _matmul_relu_backward_y_gpu(
     acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_relu_backward_y_gpu_kernel,
@@ -3151,7 +3142,8 @@ def _matmul_bias_gelu_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3159,12 +3151,12 @@ def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_bias_gelu_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_bias_gelu_gpu_kernel,
@@ -3549,7 +3541,8 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3557,14 +3550,12 @@ def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_bias_gelu_with_residuals_gpu_kernel,
@@ -4026,7 +4017,8 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4034,14 +4026,12 @@ def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_bias_gelu_backward_x_gpu_kernel,
@@ -4571,7 +4561,8 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4579,14 +4570,12 @@ def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_bias_gelu_backward_y_gpu_kernel,
@@ -5110,18 +5099,19 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_int8_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+        (16, 16, 32),
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(32, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_int8_gpu_kernel,
@@ -5514,8 +5504,9 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (M, N, K, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -5523,14 +5514,12 @@ def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _batched_matmul_gpu_options,
-        (b, m, n, k),
+        (m, n, k, b),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_gpu_kernel,
@@ -5904,8 +5893,9 @@ def _batched_matmul_backward_x_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (M, K, N, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -5913,14 +5903,12 @@ def _batched_matmul_backward_x_gpu(
     dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_x_gpu_options,
-        (b, m, k, n),
+        (m, k, n, b),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_x_gpu_kernel,
@@ -6347,8 +6335,9 @@ def _batched_matmul_backward_y_gpu_kernel(
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (K, N, M, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -6356,14 +6345,12 @@ def _batched_matmul_backward_y_gpu(
     dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_y_gpu_options,
-        (b, k, n, m),
+        (k, n, m, b),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_y_gpu_kernel,
@@ -6789,8 +6776,9 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, b
 
 # GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (S, T, D, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -6798,12 +6786,12 @@ def _scores_gpu(
     q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, block_d, num_warps, num_stages = rt.gpu_options(
-        _scores_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, num_warps, num_stages)
+    block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
+        _scores_gpu_options,
+        (size_s, t, d, b),
+        (block_s, block_t, block_d, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     return pl.pallas_call(
         functools.partial(
             _scores_gpu_kernel,
@@ -7109,7 +7097,8 @@ def _scores_backward_epilogue_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (B, S, T) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
@@ -7117,14 +7106,11 @@ def _scores_backward_epilogue_gpu(
     ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_epilogue_gpu_options,
         (b, s, t),
         (block_b, block_s, block_t, num_warps, num_stages),
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_s = min(block_s, pl.next_power_of_2(s))  # a small S is one block
-    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
     return pl.pallas_call(
         functools.partial(
             _scores_backward_epilogue_gpu_kernel,
@@ -7419,8 +7405,9 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
 
 # GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (S, D, T, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7428,14 +7415,12 @@ def _scores_backward_q_gpu(
     dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
 ):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_d, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_q_gpu_options,
-        (b, s, d, t),
+        (s, d, t, b),
         (block_s, block_d, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     return pl.pallas_call(
         functools.partial(
             _scores_backward_q_gpu_kernel,
@@ -7780,8 +7765,9 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
 
 # GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# timed best at the sizes (T, D, S, B) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7789,14 +7775,12 @@ def _scores_backward_k_gpu(
     dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
 ):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_d, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
         _scores_backward_k_gpu_options,
-        (b, t, d, s),
+        (t, d, s, b),
         (block_t, block_d, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     return pl.pallas_call(
         functools.partial(
             _scores_backward_k_gpu_kernel,
@@ -8208,7 +8192,8 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -8216,12 +8201,9 @@ def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _linear_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -8536,17 +8518,16 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -8830,7 +8811,8 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -8838,14 +8820,12 @@ def _linear_backward_x_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
         functools.partial(
             _linear_backward_x_gpu_kernel,
@@ -9171,7 +9151,8 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
 # GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (N, K, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
+# clamps the blocks: a small dimension is one masked block.
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -9179,14 +9160,12 @@ def _linear_backward_w_gpu(
     dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
 ):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, block_k, block_m, num_warps, num_stages = rt.gpu_options(
+    block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
         _linear_backward_w_gpu_options,
         (n, k, m),
         (block_n, block_k, block_m, num_warps, num_stages),
+        16,
     )
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
         functools.partial(
             _linear_backward_w_gpu_kernel,

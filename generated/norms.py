@@ -315,16 +315,16 @@ def _layer_norm_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -702,7 +702,8 @@ def _layer_norm_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -710,10 +711,9 @@ def _layer_norm_with_residuals_gpu(
     x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -1177,7 +1177,8 @@ def _layer_norm_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1185,10 +1186,9 @@ def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -1683,7 +1683,8 @@ def _layer_norm_backward_over_m_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1691,11 +1692,9 @@ def _layer_norm_backward_over_m_gpu(
     x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -2038,16 +2037,16 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -2320,16 +2319,16 @@ def _rms_norm_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -2652,7 +2651,8 @@ def _rms_norm_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2660,10 +2660,9 @@ def _rms_norm_backward_gpu(
     x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -3032,7 +3031,8 @@ def _rms_norm_backward_over_m_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -3040,11 +3040,9 @@ def _rms_norm_backward_over_m_gpu(
     x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _rms_norm_backward_over_m_gpu_kernel,

@@ -223,17 +223,16 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -445,17 +444,16 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -717,17 +715,16 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -962,17 +959,16 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1211,16 +1207,16 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_f32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -1490,16 +1486,16 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
@@ -1747,17 +1743,16 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1992,17 +1987,16 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -2218,16 +2212,16 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_i32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -2452,16 +2446,16 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
@@ -2713,17 +2707,16 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -2962,17 +2955,16 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
@@ -3193,16 +3185,16 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_i8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -3447,16 +3439,16 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,

@@ -189,16 +189,16 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -509,17 +509,16 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself,
@@ -720,16 +719,16 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmin_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -1023,17 +1022,16 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of N; programs run concurrently. Each loops over M itself,
@@ -1256,17 +1254,16 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, bl
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _column_sums_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1551,16 +1548,16 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, bl
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -1855,16 +1852,16 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -2228,7 +2225,8 @@ def _quantize_rows_int8_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -2236,11 +2234,9 @@ def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _quantize_rows_int8_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -2515,16 +2511,16 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
+# dimension is one masked block.
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,

@@ -209,16 +209,16 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -510,16 +510,16 @@ def _softmax_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -904,7 +904,8 @@ def _softmax_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -912,10 +913,9 @@ def _softmax_backward_gpu(
     x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -1293,16 +1293,16 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_log_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
@@ -1546,16 +1546,16 @@ def _log_softmax_with_residuals_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -1837,7 +1837,8 @@ def _log_softmax_backward_gpu_kernel(
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
+# small dimension is one masked block.
 _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1845,10 +1846,9 @@ def _log_softmax_backward_gpu(
     x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(

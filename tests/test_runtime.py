@@ -34,7 +34,7 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"operands", "without_elements", "vmem_limit", "nbytes", "inside", "mask", "load", "store"}
-        | {"mgpu_pad", "mgpu_spec", "mgpu_load", "gpu_options", "gpu_device_kind"},
+        | {"mgpu_pad", "mgpu_spec", "mgpu_load", "triton_options", "gpu_options", "gpu_device_kind"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (
@@ -338,6 +338,14 @@ def test_gpu_options_take_the_nearest_tuned_entry_of_the_device_kind(monkeypatch
     assert support.gpu_options(table, (50,), (None, 4, None)) == (16, 4, 1)
     monkeypatch.setattr(support, "gpu_device_kind", lambda: None)
     assert support.gpu_options(table, (2000,), (None, None, None)) == (64, 4, 3)
+
+
+def test_triton_options_clamp_each_block_between_its_least_and_its_dimensions_next_power_of_two():
+    table = {None: (64, 64, 32, 4, 3)}
+    assert support.triton_options(table, (1000, 5, 3), (None,) * 5, 16) == (64, 16, 16, 4, 3)
+    assert support.triton_options(table, (1000, 5, 3), (None,) * 5, (1, 1, 32)) == (64, 8, 32, 4, 3)
+    assert support.triton_options(table, (1000, 50, 3), (128, None, 2, 8, 1)) == (128, 64, 2, 8, 1)  # given
+    assert support.triton_options({None: (4, 1)}, (7,), (None, None)) == (4, 1)  # no blocks
 
 
 def test_gpu_kernel_names_the_backends_it_takes():

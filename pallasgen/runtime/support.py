@@ -131,6 +131,17 @@ def gpu_options(table, sizes, given):
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
 
 
+def triton_options(table, sizes, given, least=1):
+    """`gpu_options` of a Triton launcher, its blocks (the first of `given`, one for each
+    of the first `sizes`) each a power of two from `least` (one for all, or one each) up
+    to its dimension's next power of two: a small dimension is one masked block."""
+    chosen = gpu_options(table, sizes, given)
+    count = len(given) - len(GPU_LAUNCH_OPTIONS)
+    least = least if isinstance(least, tuple) else (least,) * count
+    blocks = (max(low, min(b, pl.next_power_of_2(size))) for b, size, low in zip(chosen, sizes, least))
+    return (*blocks, *chosen[count:])
+
+
 def mgpu_check_choices(kernel, choices, accumulator, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
     `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`

@@ -92,22 +92,26 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
 
 def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[str]) -> dict:
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
-    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names."""
+    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names. Sizes come
+    in the blocks' order, then the other dimensions' (`rt.triton_options` clamps each
+    block by its dimension's size)."""
+    dims = [*tunable, *(d for d in checked.dims if d not in tunable)]
     tuned: dict[str, dict] = {}
     for entry in sorted(checked.tuned_for("gpu"), key=lambda t: (t.chip, t.sizes)):
         at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
-        key = tuple(at[d] for d in checked.dims)
+        key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
     chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
     comment = (
         f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
-        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(checked.dims)}) shown (the spec's"
+        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(dims)}) shown (the spec's"
         " .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the spec's)."
+        " rt.triton_options clamps the blocks: a small dimension is one masked block."
     )
     return {
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
-        "call_sizes": tuple_code([sizes[d] for d in checked.dims]),
+        "call_sizes": tuple_code([sizes[d] for d in dims]),
         "options_comment": tuple(textwrap.wrap(comment, 86)),
     }
 
