@@ -234,11 +234,10 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -472,11 +471,10 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n,
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -767,8 +765,8 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    bias = rt.load(bias_ref, (None, in_n))
+    scale = rt.load(scale_ref, (in_m, None))
     rt.store(
         y_ref,
         jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
@@ -776,11 +774,10 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1044,8 +1041,8 @@ def _bias_gelu_backward_gpu_kernel(
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    bias = rt.load(bias_ref, (None, in_n))
+    scale = rt.load(scale_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
@@ -1057,11 +1054,10 @@ def _bias_gelu_backward_gpu_kernel(
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1370,9 +1366,9 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1393,11 +1389,10 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1739,9 +1734,9 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
-        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], rt.mask((1, block_n), None, in_n))
-        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
+        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], (None, in_n))
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1762,11 +1757,10 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     rt.store(dscale_ref, sum_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -2080,17 +2074,16 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    scale = rt.load(scale_ref, (in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 

@@ -182,11 +182,10 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -385,11 +384,10 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 

@@ -564,7 +564,7 @@ def _attention_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -572,16 +572,8 @@ def _attention_gpu_kernel(
 
         def step():
             max_t, acc_t, sum_exp_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -631,17 +623,14 @@ def _attention_gpu_kernel(
             jnp.full((block_s, 1), 0.0, jnp.float32),
         ),
     )
-    rt.store(
-        o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d)
-    )
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1342,11 +1331,11 @@ def _attention_backward_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
-    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
+    dlse = rt.load(dlse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -1354,16 +1343,8 @@ def _attention_backward_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -1406,9 +1387,9 @@ def _attention_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
         jnp.sum(
             rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
@@ -1417,15 +1398,14 @@ def _attention_backward_dq_gpu_kernel(
         )
         - dlse
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2208,8 +2188,8 @@ def _attention_backward_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -2217,22 +2197,10 @@ def _attention_backward_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -2281,15 +2249,14 @@ def _attention_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3048,10 +3015,10 @@ def _attention_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -3059,16 +3026,8 @@ def _attention_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -3101,22 +3060,21 @@ def _attention_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3908,8 +3866,8 @@ def _attention_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -3917,22 +3875,10 @@ def _attention_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             st = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -3974,17 +3920,14 @@ def _attention_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(
-        dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d)
-    )
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4655,18 +4598,14 @@ def _attention_full_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -4710,14 +4649,13 @@ def _attention_full_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5241,18 +5179,14 @@ def _attention_full_with_residuals_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -5296,15 +5230,14 @@ def _attention_full_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5867,21 +5800,17 @@ def _attention_full_backward_dq_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -5907,22 +5836,21 @@ def _attention_full_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -6542,25 +6470,17 @@ def _attention_full_backward_dkdv_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
         in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = rt.load(
-            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        do = rt.load(
-            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        lse = rt.load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
-        delta = rt.load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
+        q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+        delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -6593,15 +6513,14 @@ def _attention_full_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -7345,7 +7264,7 @@ def _attention_bottom_right_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -7353,16 +7272,8 @@ def _attention_bottom_right_gpu_kernel(
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -7413,14 +7324,13 @@ def _attention_bottom_right_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -8030,7 +7940,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -8038,16 +7948,8 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -8098,15 +8000,14 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -8793,10 +8694,10 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -8804,16 +8705,8 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -8853,22 +8746,21 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -9649,8 +9541,8 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -9658,22 +9550,10 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -9722,15 +9602,14 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (T, S, B, H, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -10386,18 +10265,14 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -10438,14 +10313,13 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -10946,18 +10820,14 @@ def _gqa_with_residuals_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -10998,15 +10868,14 @@ def _gqa_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -11572,21 +11441,17 @@ def _gqa_backward_dq_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -11612,22 +11477,21 @@ def _gqa_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (S, T, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -12251,25 +12115,17 @@ def _gqa_backward_dkdv_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
         in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = rt.load(
-            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        do = rt.load(
-            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        lse = rt.load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
-        delta = rt.load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
+        q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+        delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -12302,15 +12158,14 @@ def _gqa_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_r_ref, acc_s, rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_r_ref, acc_s_2, rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_r_ref, acc_s, (in_t, in_d))
+    rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (T, S, B, G, R, D) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the
-# blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -12767,14 +12622,8 @@ def _gqa_backward_over_r_gpu_kernel(
     in_d = rt.inside(pl.program_id(3) * block_d, block_d, d)
     in_r = rt.inside(0, block_r, r)
     inside = rt.mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
-    dk_r = rt.load(
-        dk_r_ref,
-        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
-    )
-    dv_r = rt.load(
-        dv_r_ref,
-        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
-    )
+    dk_r = rt.load(dk_r_ref, (in_b, in_g, in_r, in_t, in_d))
+    dv_r = rt.load(dv_r_ref, (in_b, in_g, in_r, in_t, in_d))
     rt.store(
         dk_ref,
         jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
@@ -12788,10 +12637,10 @@ def _gqa_backward_over_r_gpu_kernel(
 
 
 # GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the
-# entry nearest the call's sizes winning. None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks: a small dimension is one masked block.
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu` timed best
+# at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the nearest entry winning;
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
 
 
@@ -13238,12 +13087,8 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
         k_start = index * block_k
         in_k = rt.inside(k_start, block_k, k)
         (acc_k,) = running
-        x = rt.load(
-            x_ref.at[:, pl.ds(k_start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        w = rt.load(
-            w_ref.at[pl.ds(k_start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        w = rt.load(w_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
         acc_k_lhs = x
         acc_k_rhs = w
         if k % block_k:  # a ragged K: both operands 0 past its end, never padding
@@ -13255,18 +13100,13 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
     (acc_k,) = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),)
     )
-    rt.store(
-        y_ref,
-        rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1),
-        rt.mask((block_m, block_n), in_m, in_n),
-    )
+    rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks:
-# a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N)
+# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -13335,10 +13175,10 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -13632,11 +13472,10 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, 
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -13957,12 +13796,8 @@ def _matmul_softmax_backward_x_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dacc = rt.load(
-            dacc_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -13973,11 +13808,10 @@ def _matmul_softmax_backward_x_gpu_kernel(
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -14047,10 +13881,10 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -14307,12 +14141,8 @@ def _matmul_softmax_backward_w_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dacc = rt.load(
-            dacc_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dacc = rt.load(dacc_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -14323,11 +14153,10 @@ def _matmul_softmax_backward_w_gpu_kernel(
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -14397,10 +14226,10 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -14708,9 +14537,9 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     in_k = rt.inside(0, block_k, k)
-    x = rt.load(x_ref, rt.mask((block_m, block_k), in_m, in_k), other=0)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k), other=0)
-    w = rt.load(w_ref, rt.mask((block_k, block_n), in_k, in_n), other=0)
+    x = rt.load(x_ref, (in_m, in_k), other=0)
+    g = rt.load(g_ref, (None, in_k), other=0)
+    w = rt.load(w_ref, (in_k, in_n), other=0)
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
@@ -14725,15 +14554,14 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
             w,
             preferred_element_type=jnp.float32,
         ).astype(jnp.bfloat16),
-        rt.mask((block_m, block_n), in_m, in_n),
+        (in_m, in_n),
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks:
-# a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K)
+# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -14875,10 +14703,10 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -15095,18 +14923,17 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, bloc
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
     x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
+    g = rt.load(g_ref, (None, in_k))
     h = x.astype(jnp.float32)
     mean_k = jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
-    rt.store(mean_k_ref, mean_k, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_k_ref, mean_k, (in_m, None))
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 
@@ -15441,12 +15268,8 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(
-            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -15457,11 +15280,10 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -15531,10 +15353,10 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -15791,12 +15613,8 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        lhs = rt.load(
-            lhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dy = rt.load(
-            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        lhs = rt.load(lhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -15807,11 +15625,10 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -15881,10 +15698,10 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -16124,8 +15941,8 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
     x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
-    mean_k = rt.load(mean_k_ref, rt.mask((block_m, 1), in_m, None))
+    g = rt.load(g_ref, (None, in_k))
+    mean_k = rt.load(mean_k_ref, (in_m, None))
     dlhs = rt.load(dlhs_ref, inside)
     h = x.astype(jnp.float32)
     lhs_2 = mean_k + 1e-06
@@ -16141,11 +15958,10 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -16496,11 +16312,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k))
-        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dlhs = rt.load(
-            dlhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k)
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
+        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dlhs = rt.load(dlhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
         h = x.astype(jnp.float32)
         lhs_1 = mean_k + 1e-06
         lhs_2 = jax.lax.rsqrt(lhs_1)
@@ -16519,11 +16333,10 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
     rt.store(dg_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 

@@ -360,11 +360,10 @@ def _giou_gpu_kernel(
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1094,11 +1093,10 @@ def _giou_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 

@@ -339,9 +339,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
         logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
         start = index * block_v
         in_v = rt.inside(start, block_v, v)
-        logits = rt.load(
-            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
-        )
+        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
@@ -372,11 +370,10 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -729,9 +726,7 @@ def _cross_entropy_with_residuals_gpu_kernel(
         logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = running
         start = index * block_v
         in_v = rt.inside(start, block_v, v)
-        logits = rt.load(
-            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
-        )
+        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
@@ -764,11 +759,10 @@ def _cross_entropy_with_residuals_gpu_kernel(
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -1106,9 +1100,9 @@ def _cross_entropy_backward_gpu_kernel(
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
     inside = rt.mask((block_m, block_v), in_m, in_v)
     logits = rt.load(logits_ref, inside)
-    label = rt.load(label_ref, rt.mask((block_m, 1), in_m, None))
-    logsumexp_v = rt.load(logsumexp_v_ref, rt.mask((block_m, 1), in_m, None))
-    dloss = rt.load(dloss_ref, rt.mask((block_m, 1), in_m, None))
+    label = rt.load(label_ref, (in_m, None))
+    logsumexp_v = rt.load(logsumexp_v_ref, (in_m, None))
+    dloss = rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
     loss_1 = (
         pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
@@ -1117,11 +1111,10 @@ def _cross_entropy_backward_gpu_kernel(
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 

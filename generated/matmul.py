@@ -270,23 +270,18 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -345,10 +340,10 @@ def _matmul_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -587,12 +582,8 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dz = rt.load(dz_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -603,11 +594,10 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     rt.store(dx_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -677,10 +667,10 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -913,12 +903,8 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -929,11 +915,10 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     rt.store(dy_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -1003,10 +988,10 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -1371,23 +1356,18 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -1452,10 +1432,10 @@ def _matmul_relu_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -1712,12 +1692,8 @@ def _matmul_relu_with_residuals_gpu_kernel(
     def accumulate(step, product):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     product = jax.lax.fori_loop(
@@ -1728,11 +1704,10 @@ def _matmul_relu_with_residuals_gpu_kernel(
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -1816,10 +1791,10 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -2121,15 +2096,9 @@ def _matmul_relu_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = rt.load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = dacc
         acc_n_rhs = y
@@ -2144,14 +2113,13 @@ def _matmul_relu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n, rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2262,10 +2230,10 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -2566,15 +2534,9 @@ def _matmul_relu_backward_y_gpu_kernel(
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        acc = rt.load(
-            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_m_lhs = x
         acc_m_rhs = dacc
@@ -2589,14 +2551,13 @@ def _matmul_relu_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    rt.store(dy_ref, acc_m, rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2707,10 +2668,10 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -3126,24 +3087,19 @@ def _matmul_bias_gelu_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3230,10 +3186,10 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3521,28 +3477,23 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     def accumulate(step, product):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3645,10 +3596,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3979,18 +3930,10 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = rt.load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        bias = rt.load(
-            bias_ref.at[:, pl.ds(n_start, block_n)], rt.mask((1, block_n), None, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        bias = rt.load(bias_ref.at[:, pl.ds(n_start, block_n)], (None, in_n), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -4011,14 +3954,13 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4142,10 +4084,10 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -4512,21 +4454,15 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n), other=0)
+    bias = rt.load(bias_ref, (None, in_n), other=0)
 
     def accumulate(index, running):
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         acc_m, sum_m = running
-        acc = rt.load(
-            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -4554,15 +4490,14 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         accumulate,
         (jnp.full((block_k, block_n), 0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
-    rt.store(dbias_ref, sum_m, rt.mask((1, block_n), None, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
+    rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4765,10 +4700,10 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -5084,23 +5019,18 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -5168,10 +5098,10 @@ def _matmul_int8_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
@@ -5490,23 +5420,18 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -5581,11 +5506,10 @@ def _batched_matmul_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -5868,12 +5792,8 @@ def _batched_matmul_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = dacc
         acc_n_rhs = y
@@ -5888,14 +5808,13 @@ def _batched_matmul_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -6009,11 +5928,10 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -6310,12 +6228,8 @@ def _batched_matmul_backward_y_gpu_kernel(
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_m_lhs = x
         acc_m_rhs = dacc
@@ -6330,14 +6244,13 @@ def _batched_matmul_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -6451,11 +6364,10 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -6760,12 +6672,8 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, b
     def accumulate(step, acc):
         start = step * block_d
         in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
-        q = rt.load(
-            q_ref.at[:, pl.ds(start, block_d)], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        k = rt.load(
-            k_ref.at[:, pl.ds(start, block_d)], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        q = rt.load(q_ref.at[:, pl.ds(start, block_d)], (in_s, in_d), other=0)
+        k = rt.load(k_ref.at[:, pl.ds(start, block_d)], (in_t, in_d), other=0)
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -6774,11 +6682,10 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, b
     rt.store(s_ref, acc * scale, inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (S, T, D, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
+# T, D, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -6855,11 +6762,10 @@ def _scores_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -7094,11 +7000,10 @@ def _scores_backward_epilogue_gpu_kernel(
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, T) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B,
+# S, T) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
@@ -7389,12 +7294,8 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
     def accumulate(step, acc):
         start = step * block_t
         in_t = rt.inside(start, block_t, t)  # zeros past a ragged T
-        dacc = rt.load(
-            dacc_ref.at[:, pl.ds(start, block_t)], rt.mask((block_s, block_t), in_s, in_t), other=0
-        )
-        k = rt.load(
-            k_ref.at[pl.ds(start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_t)], (in_s, in_t), other=0)
+        k = rt.load(k_ref.at[pl.ds(start, block_t), :], (in_t, in_d), other=0)
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
@@ -7403,11 +7304,10 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (S, D, T, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
+# D, T, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7482,11 +7382,10 @@ def _scores_backward_q_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -7747,12 +7646,8 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     def accumulate(step, acc):
         start = step * block_s
         in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
-        dacc = rt.load(
-            dacc_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_t), in_s, in_t), other=0
-        )
-        q = rt.load(
-            q_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
+        dacc = rt.load(dacc_ref.at[pl.ds(start, block_s), :], (in_s, in_t), other=0)
+        q = rt.load(q_ref.at[pl.ds(start, block_s), :], (in_s, in_d), other=0)
         return acc + jax.lax.dot_general(
             dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -7763,11 +7658,10 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (T, D, S, B) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T,
+# D, S, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7843,11 +7737,10 @@ def _scores_backward_k_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -8174,26 +8067,21 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_k)], rt.mask((block_n, block_k), in_n, in_k), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -8271,10 +8159,10 @@ def _linear_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -8500,7 +8388,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -8515,11 +8403,10 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
@@ -8794,12 +8681,8 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(
-            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[pl.ds(start, block_n), :], rt.mask((block_n, block_k), in_n, in_k), other=0
-        )
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[pl.ds(start, block_n), :], (in_n, in_k), other=0)
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
@@ -8808,11 +8691,10 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -8882,10 +8764,10 @@ def _linear_backward_x_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -9132,12 +9014,8 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        dy = rt.load(
-            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
         return acc + jax.lax.dot_general(
             dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -9148,11 +9026,10 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (N, K, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's). rt.triton_options
-# clamps the blocks: a small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N,
+# K, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -9222,10 +9099,10 @@ def _linear_backward_w_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (N, K, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 

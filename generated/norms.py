@@ -299,24 +299,23 @@ def _layer_norm_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
+    b = rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
+    rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
     rstd = jax.lax.rsqrt(
         jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
     )
-    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
@@ -686,24 +685,23 @@ def _layer_norm_with_residuals_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
+    b = rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
+    rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
     mean_n = jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_n_ref, mean_n, (in_m, None))
     rstd = jax.lax.rsqrt(mean_n + eps)
-    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1154,13 +1152,13 @@ def _layer_norm_backward_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    mu = rt.load(mu_ref, rt.mask((block_m, 1), in_m, None))
-    rstd = rt.load(rstd_ref, rt.mask((block_m, 1), in_m, None))
-    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    w = rt.load(w_ref, (None, in_n))
+    mu = rt.load(mu_ref, (in_m, None))
+    rstd = rt.load(rstd_ref, (in_m, None))
+    mean_n = rt.load(mean_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
-    dmu = rt.load(dmu_ref, rt.mask((block_m, 1), in_m, None))
-    drstd = rt.load(drstd_ref, rt.mask((block_m, 1), in_m, None))
+    dmu = rt.load(dmu_ref, (in_m, None))
+    drstd = rt.load(drstd_ref, (in_m, None))
     h = x.astype(jnp.float32)
     d = h - mu
     rstd_1 = mean_n + eps
@@ -1174,11 +1172,10 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1650,10 +1647,10 @@ def _layer_norm_backward_over_m_gpu_kernel(
         sum_m_running, sum_over_m_running = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         d = h - mu
         y_1 = d * rstd
@@ -1680,11 +1677,10 @@ def _layer_norm_backward_over_m_gpu_kernel(
     rt.store(db_ref, sum_over_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -2019,7 +2015,7 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
@@ -2034,11 +2030,10 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2309,18 +2304,17 @@ def _rms_norm_with_residuals_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_n_ref, mean_n, (in_m, None))
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2631,8 +2625,8 @@ def _rms_norm_backward_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    w = rt.load(w_ref, (None, in_n))
+    mean_n = rt.load(mean_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     h = x.astype(jnp.float32)
     y_2 = mean_n + eps
@@ -2648,11 +2642,10 @@ def _rms_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -3007,9 +3000,9 @@ def _rms_norm_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
@@ -3028,11 +3021,10 @@ def _rms_norm_backward_over_m_gpu_kernel(
     rt.store(dw_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 

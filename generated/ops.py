@@ -220,11 +220,10 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -441,11 +440,10 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -712,11 +710,10 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     rt.store(z_ref, x * y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -956,11 +953,10 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, 
     rt.store(dy_ref, dz * x, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1200,15 +1196,14 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1468,8 +1463,8 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
@@ -1483,11 +1478,10 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -1740,11 +1734,10 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1984,11 +1977,10 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -2205,15 +2197,14 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2443,11 +2434,10 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -2704,11 +2694,10 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -2952,11 +2941,10 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -3174,7 +3162,7 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(
         i_ref,
         rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
@@ -3182,11 +3170,10 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
@@ -3436,11 +3423,10 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 

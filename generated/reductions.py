@@ -182,15 +182,14 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 
@@ -487,7 +486,7 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
         argmax_n_max, argmax_n_index = running
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end, never padding
             argmax_n_block = rt.fill_past(argmax_n_block, start, n, 1, -jnp.inf)
@@ -506,11 +505,10 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -712,15 +710,14 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1005,7 +1002,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end, never padding
             sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
@@ -1019,11 +1016,10 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     rt.store(s_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1247,15 +1243,14 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, bl
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    ds = rt.load(ds_ref, rt.mask((1, block_n), None, in_n))
+    ds = rt.load(ds_ref, (None, in_n))
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1542,14 +1537,13 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, bl
         / 127
     )
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+    rt.store(scale_ref, s, (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1838,22 +1832,21 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(max_n_ref, max_n, (in_m, None))
     s = jnp.maximum(max_n, 1e-30) / 127
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+    rt.store(scale_ref, s, (in_m, None))
     rt.store(
         argmax_n_ref,
         rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
-        rt.mask((block_m, 1), in_m, None),
+        (in_m, None),
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2208,9 +2201,9 @@ def _quantize_rows_int8_backward_gpu_kernel(
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
-    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
-    dscale = rt.load(dscale_ref, rt.mask((block_m, 1), in_m, None))
+    max_n = rt.load(max_n_ref, (in_m, None))
+    argmax_n = rt.load(argmax_n_ref, (in_m, None))
+    dscale = rt.load(dscale_ref, (in_m, None))
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
@@ -2222,11 +2215,10 @@ def _quantize_rows_int8_backward_gpu_kernel(
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -2493,8 +2485,8 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
@@ -2508,11 +2500,10 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks: a small
-# dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 

@@ -206,11 +206,10 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_gpu_options = {None: (1, 4, 1)}
 
 
@@ -495,23 +494,20 @@ def _softmax_with_residuals_gpu_kernel(
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(max_n_ref, max_n, (in_m, None))
     e = jnp.exp(x - max_n)
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
-    rt.store(sum_n_ref, sum_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(sum_n_ref, sum_n, (in_m, None))
     rt.store(y_ref, e / sum_n, inside)
     rt.store(
-        argmax_n_ref,
-        rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
-        rt.mask((block_m, 1), in_m, None),
+        argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None)
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -880,9 +876,9 @@ def _softmax_backward_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    sum_n = rt.load(sum_n_ref, rt.mask((block_m, 1), in_m, None))
-    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
-    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
+    sum_n = rt.load(sum_n_ref, (in_m, None))
+    argmax_n = rt.load(argmax_n_ref, (in_m, None))
+    max_n = rt.load(max_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
     de = dy / sum_n + jnp.sum(
@@ -901,11 +897,10 @@ def _softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1290,11 +1285,10 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1539,15 +1533,14 @@ def _log_softmax_with_residuals_gpu_kernel(
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     logsumexp_n = rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1)
-    rt.store(logsumexp_n_ref, logsumexp_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(logsumexp_n_ref, logsumexp_n, (in_m, None))
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1823,7 +1816,7 @@ def _log_softmax_backward_gpu_kernel(
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    logsumexp_n = rt.load(logsumexp_n_ref, rt.mask((block_m, 1), in_m, None))
+    logsumexp_n = rt.load(logsumexp_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     rt.store(
         dx_ref,
@@ -1834,11 +1827,10 @@ def _log_softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's). rt.triton_options clamps the blocks: a
-# small dimension is one masked block.
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 

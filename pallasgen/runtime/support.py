@@ -798,19 +798,22 @@ def mask(shape, *inside):
     return mask
 
 
-def load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
+def load(ref, where, other=None):
+    """A GPU block, masked where `where` says: a mask of the block, or a tuple of one
+    `inside` per axis of it (see `mask`); None: the block fits, so a plain load."""
+    where = mask(ref.shape, *where) if isinstance(where, tuple) else where
+    if where is None:
         return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
+    return pltriton.load(ref, mask=where, other=other)
 
 
-def store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
+def store(ref, value, where):
+    """Stores a GPU block, masked where `where` says (as `load`'s; None: the block fits)."""
+    where = mask(ref.shape, *where) if isinstance(where, tuple) else where
+    if where is None:
         ref[...] = value
     else:
-        pltriton.store(ref, value, mask=mask)
+        pltriton.store(ref, value, mask=where)
 
 
 def nbytes(*arrays):

@@ -117,8 +117,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         visible = axes(decl)
         if not any(visible):
             return None
-        shape = tuple_code([block_keyword(d) if d else "1" for d in visible])
-        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in visible)})"
+        return tuple_code([inside[d] if d else "None" for d in visible])  # `inside` per axis
 
     def load(decl: ir.ArrayDecl) -> str:
         if swept in decl.dims:

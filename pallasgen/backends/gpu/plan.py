@@ -105,14 +105,14 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
     comment = (
         f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
         f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(dims)}) shown (the spec's"
-        " .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the spec's)."
-        " rt.triton_options clamps the blocks: a small dimension is one masked block."
+        " .tuning.json file), the nearest entry winning; None: any other GPU (the spec's)."
+        " rt.triton_options clamps the blocks (a small dimension: one masked block)."
     )
     return {
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
         "call_sizes": tuple_code([sizes[d] for d in dims]),
-        "options_comment": tuple(textwrap.wrap(comment, 86)),
+        "options_comment": tuple(textwrap.wrap(comment, 96)),
     }
 
 
@@ -210,13 +210,13 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         return [dim for dim, out_dim in array_positions(decl, out_dims, product) if out_dim not in squeezed]
 
     def mask(axes: list[str | None], whole: bool = True) -> str | None:
-        """The mask of a block with these axes, or None if no axis can overhang."""
+        """The mask of a block with these axes (its `inside` per axis, or the output
+        block's mask), or None if no axis can overhang."""
         if not any(axes):
             return None
         if whole and axes == visible(kernel.outputs[0]):
             return whole_mask
-        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+        return tuple_code([inside[d] if d else "None" for d in axes])
 
     def load(decl: ir.ArrayDecl) -> str:
         axes_mask = mask(visible(decl))
@@ -233,7 +233,9 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         if d not in squeezed
     ]
     masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
-    masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
+    out_shape = tuple_code([block_keyword(d) if d else "1" for d in out_axes])
+    out_mask = mask(out_axes, whole=False)
+    masks.append(f"{whole_mask} = {f'rt.mask({out_shape}, {out_mask[1:-1]})' if out_mask else None}")
     spelling = KernelSpelling(
         tuple(d for d in out_dims if d not in squeezed),
         sizes,
@@ -332,9 +334,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     def sliced_load(decl: ir.ArrayDecl) -> str:
         axes = visible(decl)
         indexer = ", ".join(f"pl.ds({start}, {block})" if d == dim else ":" for d in axes)
-        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        masked = f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
-        return f"rt.load({refs[decl.name]}.at[{indexer}], {masked})"
+        return f"rt.load({refs[decl.name]}.at[{indexer}], {tuple_code([inside[d] if d else 'None' for d in axes])})"
 
     reductions = stepped_reductions(lowered, namer, sweep, emitter, start, block, in_refs=False)
     shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
@@ -403,9 +403,7 @@ def _product_loop(
             if k_first
             else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
         )
-        shape = tuple_code([block_keyword(d) for d in axes])
-        mask = f"rt.mask({shape}, {', '.join(inside[d] for d in axes)})"
-        loads.append(f"{values[operand.name]} = rt.load({view}, {mask}, other=0)")
+        loads.append(f"{values[operand.name]} = rt.load({view}, {tuple_code([inside[d] for d in axes])}, other=0)")
     accumulate = jnp_dtype(product.accumulator.name)
     lhs, rhs = (values[o.name] for o in product.operands)
     return [

@@ -517,7 +517,7 @@ class _ProductPlanner(_Planner):
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
         return (
-            *textwrap.wrap(comment, 86, initial_indent="# ", subsequent_indent="# "),
+            *textwrap.wrap(comment, 98, initial_indent="# ", subsequent_indent="# "),
             f"{self.table_name} = {{{', '.join(rows)}}}",
         )
 
