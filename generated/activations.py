@@ -1439,10 +1439,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     m,
 ):
     program_n = jax.lax.axis_index("N")
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
@@ -1807,10 +1804,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
     scale = rt.mgpu_load_vector(scale_smem, 0)
 
     def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):

@@ -709,10 +709,7 @@ def _attention_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -1521,26 +1518,13 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
+    rt.mgpu_copy_in(
         dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4]
     )
-    plgpu.barrier_wait(barrier.at[4])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -2365,14 +2349,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -3185,22 +3163,10 @@ def _attention_dq_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -4031,14 +3997,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -4725,10 +4685,7 @@ def _attention_full_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -5319,10 +5276,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -5961,22 +5915,10 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -6629,14 +6571,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -7403,10 +7339,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -8089,10 +8022,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -8871,22 +8801,10 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -9718,14 +9636,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     program = jax.lax.div(program, h)
     b_index = program
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -10392,10 +10304,9 @@ def _gqa_mosaic_gpu_kernel(
     program = jax.lax.div(program, g)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -10962,10 +10873,9 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     program = jax.lax.div(program, g)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -11611,22 +11521,18 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     program = jax.lax.div(program, g)
     b_index = program
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
     )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
     )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
     )
-    plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -12279,14 +12185,8 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     program = jax.lax.div(program, g)
     b_index = program
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -16009,10 +15909,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
     k,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0])
     mean_k = rt.mgpu_load_vector(mean_k_smem, 0)
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)

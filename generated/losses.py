@@ -403,10 +403,7 @@ def _cross_entropy_mosaic_gpu_kernel(
     logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
     label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
@@ -813,10 +810,7 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     v,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
     label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):

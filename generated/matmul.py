@@ -3169,10 +3169,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         acc = acc_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -3573,10 +3570,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         product = product_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         acc = product
@@ -4548,10 +4542,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
 ):
     program_n = jax.lax.axis_index("N")
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, acc_smem, dz_smem, carry):
@@ -8142,10 +8133,7 @@ def _linear_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         acc = acc_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)

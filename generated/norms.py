@@ -1236,28 +1236,15 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     eps,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
     mu = rt.mgpu_load_vector(mu_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1])
     rstd = rt.mgpu_load_vector(rstd_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
+    rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2])
     mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3])
     dmu = rt.mgpu_load_vector(dmu_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4]
-    )
-    plgpu.barrier_wait(barrier.at[4])
+    rt.mgpu_copy_in(drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4])
     drstd = rt.mgpu_load_vector(drstd_smem, 0)
     rstd_1 = mean_n + eps
 
@@ -2694,10 +2681,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
     eps,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0])
     mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)

@@ -950,20 +950,13 @@ def _softmax_backward_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0])
     sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
     )
-    plgpu.barrier_wait(barrier.at[1])
     argmax_n = rt.mgpu_load_vector(argmax_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
+    rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
 
     def reduce_1(indices, x_smem, dy_smem, carry):
@@ -1876,10 +1869,9 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
     def reduce_1(indices, dy_smem, carry):

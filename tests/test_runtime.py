@@ -88,7 +88,7 @@ FEATURES = {
     ),
     "row-input-beside-a-reduction": (
         "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
-        {"mgpu_load_vector"},
+        {"mgpu_load_vector", "mgpu_copy_in"},
         {"M": 10, "N": 37},
     ),
     # Attention on Mosaic GPU: computed operands of products, an f32 one split, a causal

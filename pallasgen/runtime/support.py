@@ -190,6 +190,12 @@ def mgpu_smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=mgpu_swizzled(dtype, shape[-1]))
 
 
+def mgpu_copy_in(ref, smem, barrier):
+    """Copies a block of global memory (`ref`) into shared memory by TMA and waits for it."""
+    plgpu.copy_gmem_to_smem(ref, smem, barrier)
+    plgpu.barrier_wait(barrier)
+
+
 def mgpu_copy_out(*tiles):
     """Copies each (tile in shared memory, its place in global memory) out by TMA, once
     the kernel's writes to shared memory are visible to it, and waits for the copies."""

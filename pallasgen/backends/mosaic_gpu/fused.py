@@ -361,10 +361,7 @@ class FusedPlanner:
         barrier = self.namer.claim("barrier")
         body = self._program()
         for number, decl in enumerate(once):
-            body += [
-                f"plgpu.copy_gmem_to_smem({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
-            ]
+            body.append(f"rt.mgpu_copy_in({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])")
         body += [
             *code.before,
             *self._pipeline(code, lowering, streamed),

@@ -396,10 +396,9 @@ class _ProductPlanner(_Planner):
         own = {d.name: [x for x in layout_of(d, layout, product) if x] for d in epilogue}
         loads = []
         for number, decl in enumerate(epilogue):
-            loads += [
-                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{tile(own[decl.name])}], {self.smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
-            ]
+            loads.append(
+                f"rt.mgpu_copy_in({self.refs[decl.name]}.at[{tile(own[decl.name])}], {self.smem[decl.name]}, {barrier}.at[{number}])"
+            )
         tile_shape = tuple_code([block_keyword(m), block_keyword(n)])
 
         def load(decl: ir.ArrayDecl) -> str:

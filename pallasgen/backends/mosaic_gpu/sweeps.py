@@ -182,8 +182,7 @@ class SweepPlanner:
         body = [f"{program} = jax.lax.axis_index({kept!r})"]
         for number, decl in enumerate(kept_inputs):
             body += [
-                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
+                f"rt.mgpu_copy_in({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
                 f"{self.values[decl.name]} = rt.mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._kept_statements(0)

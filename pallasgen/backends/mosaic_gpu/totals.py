@@ -109,12 +109,8 @@ class TotalsPlanner:
         kernel_body = [
             f"{program} = jax.lax.axis_index({dim!r})",
             *(
-                line
+                f"rt.mgpu_copy_in({self.refs[d.name]}, {base.smem[d.name]}, {barrier}.at[{number}])"
                 for number, d in enumerate(scalars)
-                for line in (
-                    f"plgpu.copy_gmem_to_smem({self.refs[d.name]}, {base.smem[d.name]}, {barrier}.at[{number}])",
-                    f"plgpu.barrier_wait({barrier}.at[{number}])",
-                )
             ),
             "",
             f"def {step}(_, {', '.join(smem)}):",
