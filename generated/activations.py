@@ -513,10 +513,8 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, dy_ref, dx_ref)
 

@@ -221,10 +221,7 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-        ],
+        in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))] * 2,
         out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
     )(x_ref, y_ref, z_ref)
 
@@ -427,10 +424,7 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
         step,
         grid=(1,),
         in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
-        out_specs=[
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-        ],
+        out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))] * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 

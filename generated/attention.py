@@ -760,10 +760,7 @@ def _attention_mosaic_gpu_kernel(
     max_t, acc_t, sum_exp_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -1577,10 +1574,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -3204,10 +3198,7 @@ def _attention_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -4725,10 +4716,7 @@ def _attention_full_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -5316,10 +5304,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -5945,10 +5930,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -7394,10 +7376,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -8077,10 +8056,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -8859,10 +8835,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -10345,10 +10318,7 @@ def _gqa_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -10914,10 +10884,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -11559,10 +11526,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -12635,13 +12599,9 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         reduce,
         grid=(r,),
         in_specs=[
-            rt.mgpu_spec(
-                (None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32
-            ),
-            rt.mgpu_spec(
-                (None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32
-            ),
-        ],
+            rt.mgpu_spec((None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32)
+        ]
+        * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
@@ -12659,10 +12619,8 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         write,
         grid=(1,),
         in_specs=[],
-        out_specs=[
-            rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16),
-            rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16),
-        ],
+        out_specs=[rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16)]
+        * 2,
     )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
 
 
@@ -13425,10 +13383,7 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(y_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(y_ref, dy_ref)
@@ -13453,10 +13408,7 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(y_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(y_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)

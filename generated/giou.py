@@ -454,16 +454,8 @@ def _giou_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 8,
         out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)],
     )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
 
@@ -1330,27 +1322,10 @@ def _giou_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-        ],
-        out_specs=[
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-            rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 9,
+        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 8,
     )(
         ax1_ref,
         ay1_ref,

@@ -2173,10 +2173,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, lhs_ref)
 
@@ -2611,10 +2609,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, rhs_ref)
 

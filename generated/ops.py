@@ -259,10 +259,8 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
@@ -483,10 +481,8 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 
@@ -749,10 +745,8 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
@@ -1001,15 +995,10 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 3,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
 
 
@@ -1526,10 +1515,7 @@ def _equal_count_f32_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32),
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2,
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
@@ -1773,10 +1759,8 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
@@ -2016,10 +2000,8 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
+        * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
@@ -2482,10 +2464,7 @@ def _equal_count_i32_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
@@ -2733,10 +2712,7 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
@@ -2980,10 +2956,7 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
@@ -3469,10 +3442,7 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8),
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2,
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 

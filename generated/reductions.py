@@ -2546,10 +2546,7 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
-            rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 

@@ -983,10 +983,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
@@ -1013,10 +1010,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     (sum_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
@@ -1049,10 +1043,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -1914,10 +1905,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)

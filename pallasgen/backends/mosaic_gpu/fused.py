@@ -36,7 +36,7 @@ from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
 from pallasgen.lowering.parts import parameter_list, tuple_code
@@ -496,7 +496,7 @@ class FusedPlanner:
             f"{unpacked} = plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({self._count(swept)},),",
-            f"    in_specs=[{', '.join(self._spec(d) for d in streamed)}],",
+            f"    in_specs={spec_list(self._spec(d) for d in streamed)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry=({', '.join(initial)},),",
             f")({', '.join(self._at(d) for d in streamed)})",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -116,7 +116,7 @@ class OuterPlanner:
             f"{carried} = plgpu.emit_pipeline(",
             f"    {reduce_step},",
             f"    grid=({sizes[reduced]},),",
-            f"    in_specs=[{', '.join(spec(d, True) for d in swept)}],",
+            f"    in_specs={spec_list(spec(d, True) for d in swept)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry={tuple_code(initial)},",
             f")({', '.join(ref_at(d) for d in swept)})",
@@ -142,8 +142,8 @@ class OuterPlanner:
             "plgpu.emit_pipeline(",
             f"    {write_step},",
             "    grid=(1,),",
-            f"    in_specs=[{', '.join(spec(d, False) for d in rest)}],",
-            f"    out_specs=[{', '.join(spec(d, False) for d in kernel.outputs)}],",
+            f"    in_specs={spec_list(spec(d, False) for d in rest)},",
+            f"    out_specs={spec_list(spec(d, False) for d in kernel.outputs)},",
             f")({', '.join(ref_at(d) for d in (*rest, *kernel.outputs))})",
         ]
         sized = [sizes[d] for d in layout if d in sized_dims(kernel) or d == reduced]

@@ -36,6 +36,7 @@ from pallasgen.backends.mosaic_gpu.support import (
     SMEM_BUDGET,
     compact,
     program_lines,
+    spec_list,
     refusal,
     sized_dims,
 )
@@ -298,8 +299,8 @@ class _ElementwisePlanner(_Planner):
             "plgpu.emit_pipeline(",
             f"    {step},",
             "    grid=(1,),",
-            f"    in_specs=[{', '.join(spec(d) for d in kernel.inputs)}],",
-            f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
+            f"    in_specs={spec_list(spec(d) for d in kernel.inputs)},",
+            f"    out_specs={spec_list(spec(d) for d in kernel.outputs)},",
             f")({', '.join(at_batch(d) for d in arrays)})",
         ]
         sized = [sizes[d] for d in layout if d in sized_dims(kernel)]
@@ -423,7 +424,7 @@ class _ProductPlanner(_Planner):
             "plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({self.refs[lhs.name]}.shape[-1] // {block_keyword(k)},),",
-            f"    in_specs=[{', '.join(specs)}],",
+            f"    in_specs={spec_list(specs)},",
             f"    max_concurrent_steps={pipeline_stages},",
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,

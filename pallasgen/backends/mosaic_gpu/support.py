@@ -57,6 +57,14 @@ def program_lines(program: dict[str, str]) -> list[str]:
     return [line] if len(line) <= 96 else [f"{n} = {v}" for n, v in zip(names, values)]
 
 
+def spec_list(specs) -> str:
+    """A pipeline's list of BlockSpecs: `[spec] * n` where all n are the same block."""
+    specs = list(specs)
+    if len(specs) > 1 and len(set(specs)) == 1:
+        return f"[{specs[0]}] * {len(specs)}"
+    return f"[{', '.join(specs)}]"
+
+
 def compact(lines: list[str], width: int = 96) -> list[str]:
     """Assignments (`name = value`, one a line, in order) in fewer lines, as the same
     values computed in the same order: a value assigned and then only passed on once

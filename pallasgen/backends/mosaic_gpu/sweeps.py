@@ -24,7 +24,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -259,12 +259,11 @@ class SweepPlanner:
         ]
 
     def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:
-        specs = ", ".join(self._block_spec(d, program) for d in inputs)
         return [
             "plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({steps},),",
-            f"    in_specs=[{specs}],",
+            f"    in_specs={spec_list(self._block_spec(d, program) for d in inputs)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             *([f"    init_carry={carry},"] if carry else []),
             f")({', '.join(self.refs[d.name] for d in inputs)})",
