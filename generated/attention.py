@@ -702,12 +702,7 @@ def _attention_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
@@ -1508,12 +1503,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
     rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
@@ -2336,12 +2326,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
     rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
@@ -3150,12 +3135,7 @@ def _attention_dq_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
     rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
@@ -3981,12 +3961,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
     rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
@@ -4669,12 +4644,7 @@ def _attention_full_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
-    program = jax.lax.div(program, pl.cdiv(s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
@@ -5257,12 +5227,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
-    program = jax.lax.div(program, pl.cdiv(s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
@@ -5893,12 +5858,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
     rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
@@ -6546,12 +6506,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
     rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
@@ -7314,12 +7269,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
@@ -7994,12 +7944,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
@@ -8770,12 +8715,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
     rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
@@ -9602,12 +9542,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
     rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
@@ -10268,14 +10203,7 @@ def _gqa_mosaic_gpu_kernel(
     block_t,
     block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
@@ -10834,14 +10762,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     block_t,
     block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
@@ -11479,14 +11400,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     block_t,
     block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
@@ -12140,14 +12054,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     block_s,
     block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
     rt.mgpu_copy_in(v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])

@@ -190,6 +190,18 @@ def mgpu_smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=mgpu_swizzled(dtype, shape[-1]))
 
 
+def mgpu_grid_indices(*counts):
+    """This program's index along each axis of its grid, decoded from its index in the
+    kernel's one-dimensional grid ("programs"), the last axis fastest: `counts` are the
+    programs along each axis but the first."""
+    program = jax.lax.axis_index("programs")
+    indices = []
+    for count in reversed(counts):
+        indices.append(jax.lax.rem(program, count))
+        program = jax.lax.div(program, count)
+    return (program, *reversed(indices))
+
+
 def mgpu_copy_in(ref, smem, barrier):
     """Copies a block of global memory (`ref`) into shared memory by TMA and waits for it."""
     plgpu.copy_gmem_to_smem(ref, smem, barrier)

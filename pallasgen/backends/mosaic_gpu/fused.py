@@ -415,17 +415,9 @@ class FusedPlanner:
 
     def _program(self) -> list[str]:
         """Which batch element and blocks this program computes, decoded from its index."""
-        program = self.namer.claim("program")
-        lines = [f"{program} = jax.lax.axis_index('programs')"]
-        for d in reversed(self.grid):
-            if d == self.grid[0]:
-                lines.append(f"{self.index[d]} = {program}")
-            else:
-                count = self._count(d)
-                lines += [
-                    f"{self.index[d]} = jax.lax.rem({program}, {count})",
-                    f"{program} = jax.lax.div({program}, {count})",
-                ]
+        indices = ", ".join(self.index[d] for d in self.grid) + ("," if len(self.grid) == 1 else "")
+        counts = ", ".join(self._count(d) for d in self.grid[1:])
+        lines = [f"{indices} = rt.mgpu_grid_indices({counts})"] if self.grid else []  # one program: none
         return lines + [f"{self.starts[d]} = {self.index[d]} * {block_keyword(d)}" for d in self.fused.parallel]
 
     def _at(self, decl) -> str:
