@@ -12955,16 +12955,9 @@ def _matmul_softmax_stage_1_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_softmax_stage_1",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -13657,16 +13650,13 @@ def _matmul_softmax_backward_x_mosaic_gpu(
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_softmax_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dacc, w = rt.mgpu_pad(dacc, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -14002,16 +13992,9 @@ def _matmul_softmax_backward_w_mosaic_gpu(
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_softmax_backward_w",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -14477,16 +14460,9 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n
     rt.mgpu_check_choices(
-        "rmsnorm_matmul_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 2 * block_m * block_n, 232448),
+        "rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -15129,16 +15105,13 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_lhs",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -15474,16 +15447,9 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "rmsnorm_matmul_backward_w",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles

@@ -355,16 +355,9 @@ def _matmul_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -682,16 +675,9 @@ def _matmul_backward_x_mosaic_gpu(
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+        "matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -1003,16 +989,9 @@ def _matmul_backward_y_mosaic_gpu(
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
+    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_backward_y",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+        "matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -1447,16 +1426,9 @@ def _matmul_relu_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_relu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -1808,21 +1780,13 @@ def _matmul_relu_with_residuals_mosaic_gpu(
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
     rt.mgpu_check_choices(
         "matmul_relu_with_residuals",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (4 * block_m * block_k + 4 * block_n * block_k)
-            + 4 * block_m * block_n
-            + 4 * block_m * block_n,
-            232448,
-        ),
+        "M N K",
+        (block_m, block_n, block_k, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -2245,16 +2209,13 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_relu_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -2681,16 +2642,13 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
         "matmul_relu_backward_y_stage_2",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -3194,21 +3152,9 @@ def _matmul_bias_gelu_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -3603,22 +3549,13 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
         "matmul_bias_gelu_with_residuals",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "M N K",
+        (block_m, block_n, block_k, stages),
+        (64,),
+        smem_bytes,
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -4092,16 +4029,13 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -4705,16 +4639,13 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_y_stage_3",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (64,),
+        smem_bytes,
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -5100,16 +5031,9 @@ def _matmul_int8_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_int8",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (32, 64, 128)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (1 * block_m * block_k + 1 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
@@ -5508,16 +5432,9 @@ def _batched_matmul_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "batched_matmul",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
@@ -5933,16 +5850,13 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
         (b, m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "batched_matmul_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
@@ -6369,16 +6283,13 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
         (b, k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
         "batched_matmul_backward_y_stage_2",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (64,),
+        smem_bytes,
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -6776,16 +6687,9 @@ def _scores_mosaic_gpu(
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
+    smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
     rt.mgpu_check_choices(
-        "scores",
-        {
-            "mgpu_block_s": (block_s, (64, 128)),
-            "mgpu_block_t": (block_t, (64, 128, 256)),
-            "mgpu_block_d": (block_d, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_s * block_t, 16384),
-        (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
+        "scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes
     )
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     padded_d = d + -d % block_d
@@ -7384,16 +7288,9 @@ def _scores_backward_q_mosaic_gpu(
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
+    smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
     rt.mgpu_check_choices(
-        "scores_backward_q",
-        {
-            "mgpu_block_s": (block_s, (64, 128)),
-            "mgpu_block_d": (block_d, (64, 128, 256)),
-            "mgpu_block_t": (block_t, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_s * block_d, 16384),
-        (stages * (2 * block_s * block_t + 2 * block_d * block_t) + 2 * block_s * block_d, 232448),
+        "scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes
     )
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
     dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
@@ -7739,16 +7636,9 @@ def _scores_backward_k_mosaic_gpu(
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
+    smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
     rt.mgpu_check_choices(
-        "scores_backward_k",
-        {
-            "mgpu_block_t": (block_t, (64, 128)),
-            "mgpu_block_d": (block_d, (64, 128, 256)),
-            "mgpu_block_s": (block_s, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_t * block_d, 16384),
-        (stages * (2 * block_t * block_s + 2 * block_d * block_s) + 2 * block_t * block_d, 232448),
+        "scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes
     )
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
@@ -8158,21 +8048,9 @@ def _linear_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "linear",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
@@ -8763,16 +8641,9 @@ def _linear_backward_x_mosaic_gpu(
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "linear_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
@@ -9098,16 +8969,9 @@ def _linear_backward_w_mosaic_gpu(
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
+    smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
     rt.mgpu_check_choices(
-        "linear_backward_w",
-        {
-            "mgpu_block_n": (block_n, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_n * block_k, 16384),
-        (stages * (2 * block_n * block_m + 2 * block_k * block_m) + 2 * block_n * block_k, 232448),
+        "linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes
     )
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles

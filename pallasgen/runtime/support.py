@@ -58,6 +58,11 @@ from jax.experimental.pallas import triton as pltriton
 from pallasgen.runtime.constants import (
     GPU_BACKENDS,
     GPU_LAUNCH_OPTIONS,
+    MGPU_ACCUMULATOR_MOST,
+    MGPU_BLOCKS_M,
+    MGPU_BLOCKS_N,
+    MGPU_SMEM_PER_BLOCK,
+    MGPU_STAGES,
     SCOPED_VMEM_BYTES,
     STEP_ELEMENTS,
     STEP_VMEM_BYTES,
@@ -142,25 +147,26 @@ def triton_options(table, sizes, given, least=1):
     return (*blocks, *chosen[count:])
 
 
-def mgpu_check_choices(kernel, choices, accumulator, smem):
+def mgpu_check_choices(kernel, dims, chosen, depths, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
-    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
-    are (what these values take, the most there is) of wgmma's accumulator (elements)
-    and of shared memory (bytes)."""
-    for keyword, (value, allowed) in choices.items():
+    `chosen` are a product's blocks of its M, N and K (`dims`, the kernel's names of
+    them: the keywords are mgpu_block_<dim>) and its stages, `depths` the K blocks that
+    wgmma takes of its dtype, `smem` the bytes of shared memory that they take."""
+    keywords = [f"mgpu_block_{dim.lower()}" for dim in dims.split()] + ["mgpu_stages"]
+    for keyword, value, allowed in zip(keywords, chosen, (MGPU_BLOCKS_M, MGPU_BLOCKS_N, depths, MGPU_STAGES)):
         if type(value) is not int or value not in allowed:
             raise ValueError(
                 f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
             )
-    if accumulator[0] > accumulator[1]:
+    if chosen[0] * chosen[1] > MGPU_ACCUMULATOR_MOST:
         raise ValueError(
-            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
-            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+            f"{kernel}: a Mosaic GPU accumulator of {chosen[0] * chosen[1]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({MGPU_ACCUMULATOR_MOST})"
         )
-    if smem[0] > smem[1]:
+    if smem > MGPU_SMEM_PER_BLOCK:
         raise ValueError(
-            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
-            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem // 1024} KiB of shared memory,"
+            f" more than the {MGPU_SMEM_PER_BLOCK // 1024} KiB of a block: choose smaller ones or fewer stages"
         )
 
 

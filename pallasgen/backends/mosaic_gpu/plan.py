@@ -529,17 +529,12 @@ class _ProductPlanner(_Planner):
         """The launcher's first lines: its blocks and stages from the table where not
         given, each checked (`rt.mgpu_check_choices`)."""
         checked, product = self.checked, self.checked.product
-        allowed = choices.allowed(checked)
         names = ", ".join(chosen.values())
-        block_names = {d: block_keyword(d) for d in choices.block_choices(checked)}
-        checks = ", ".join(f"{k!r}: ({local}, {allowed[k]!r})" for k, local in chosen.items())
-        smem = choices.smem_code(checked, block_names, chosen[choices.PREFIX + choices.STAGES])
+        blocks = choices.block_choices(checked)
+        smem = self.namer.claim("smem_bytes")
+        bytes_code = choices.smem_code(checked, {d: block_keyword(d) for d in blocks}, chosen[choices.PREFIX + choices.STAGES])
         return [
             f"{names} = rt.gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
-            f"rt.mgpu_check_choices(",
-            f"    {self.kernel.name!r},",
-            f"    {{{checks}}},",
-            f"    ({block_names[product.m]} * {block_names[product.n]}, {choices.ACCUMULATOR_MOST}),",
-            f"    ({smem}, {choices.SMEM_PER_BLOCK}),",
-            ")",
+            f"{smem} = {bytes_code}",
+            f"rt.mgpu_check_choices({self.kernel.name!r}, {' '.join(blocks)!r}, ({names}), {blocks[product.k]!r}, {smem})",
         ]
