@@ -223,7 +223,8 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     )(x)
 
 
-def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
+def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -247,9 +248,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _leaky_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
@@ -460,7 +459,8 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     )(x, dy)
 
 
-def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n, slope):
+def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -484,9 +484,7 @@ def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages,
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _leaky_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_backward_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -757,7 +755,8 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     )(x, bias, scale)
 
 
-def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, block_n):
+def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -785,7 +784,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_bias_gelu_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_bias_gelu_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1031,9 +1030,8 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n, block_m, block_n
-):
+def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1067,9 +1065,7 @@ def _bias_gelu_backward_gpu(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1353,8 +1349,9 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 
 def _bias_gelu_backward_over_m_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m
 ):
+    _, block_n = dbias_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -1402,9 +1399,7 @@ def _bias_gelu_backward_over_m_gpu(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
@@ -1718,8 +1713,9 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 
 def _bias_gelu_backward_over_n_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n
 ):
+    block_m, _ = dscale_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -1767,9 +1763,7 @@ def _bias_gelu_backward_over_n_gpu(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
@@ -2060,7 +2054,8 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     )(x, scale)
 
 
-def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n):
+def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -2085,7 +2080,7 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_quantize_rows_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_quantize_rows_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[

@@ -173,7 +173,8 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     )(x, y)
 
 
-def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
+def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
+    (block_n,) = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
@@ -195,7 +196,7 @@ def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
         _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_vectors_gpu_kernel, n=n, block_n=block_n),
+        functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
@@ -372,7 +373,8 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     )(dz)
 
 
-def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
+def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
+    (block_n,) = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
@@ -394,7 +396,7 @@ def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpre
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),
+        functools.partial(_add_vectors_backward_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]

@@ -557,9 +557,8 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     )(q, k, v)
 
 
-def _attention_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -644,14 +643,7 @@ def _attention_gpu(
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -1311,11 +1303,10 @@ def _attention_backward_dq_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -1429,14 +1420,7 @@ def _attention_backward_dq_gpu(
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_backward_dq_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -2135,23 +2119,9 @@ def _attention_backward_dkdv_tpu(
 
 
 def _attention_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
@@ -2262,9 +2232,7 @@ def _attention_backward_dkdv_gpu(
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -2951,23 +2919,9 @@ def _attention_dq_tpu(
 
 
 def _attention_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -3065,14 +3019,7 @@ def _attention_dq_gpu(
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_dq_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -3782,23 +3729,9 @@ def _attention_dkdv_tpu(
 
 
 def _attention_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    t,
-    d,
-    s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
@@ -3894,16 +3827,7 @@ def _attention_dkdv_gpu(
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _attention_dkdv_gpu_kernel,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-            scale=scale,
-        ),
+        functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
         # One program per element of B, element of H, block of T; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of S itself, carrying running values.
@@ -4518,9 +4442,8 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
     )(q, k, v)
 
 
-def _attention_full_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
@@ -4594,16 +4517,7 @@ def _attention_full_gpu(
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_gpu_kernel,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
+        functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
@@ -5089,8 +5003,9 @@ def _attention_full_with_residuals_tpu(
 
 
 def _attention_full_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale
 ):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
@@ -5169,14 +5084,7 @@ def _attention_full_with_residuals_gpu(
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_full_with_residuals_gpu_kernel,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -5684,23 +5592,9 @@ def _attention_full_backward_dq_tpu(
 
 
 def _attention_full_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -5792,9 +5686,7 @@ def _attention_full_backward_dq_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -6334,23 +6226,9 @@ def _attention_full_backward_dkdv_tpu(
 
 
 def _attention_full_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
@@ -6442,9 +6320,7 @@ def _attention_full_backward_dkdv_gpu(
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -7130,9 +7006,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
     )(q, k, v)
 
 
-def _attention_bottom_right_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -7224,9 +7099,7 @@ def _attention_bottom_right_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -7796,8 +7669,9 @@ def _attention_bottom_right_with_residuals_tpu(
 
 
 def _attention_bottom_right_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -7890,9 +7764,7 @@ def _attention_bottom_right_with_residuals_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -8524,23 +8396,9 @@ def _attention_bottom_right_backward_dq_tpu(
 
 
 def _attention_bottom_right_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -8649,9 +8507,7 @@ def _attention_bottom_right_backward_dq_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -9351,23 +9207,9 @@ def _attention_bottom_right_backward_dkdv_tpu(
 
 
 def _attention_bottom_right_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
@@ -9478,9 +9320,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -10081,7 +9921,8 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     )(q, k, v)
 
 
-def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_s, block_t, block_d):
+def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -10150,15 +9991,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -10623,9 +10456,8 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
     )(q, k, v)
 
 
-def _gqa_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_s, block_t, block_d
-):
+def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -10700,15 +10532,7 @@ def _gqa_with_residuals_gpu(
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_with_residuals_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -11220,22 +11044,9 @@ def _gqa_backward_dq_tpu(
 
 
 def _gqa_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -11322,15 +11133,7 @@ def _gqa_backward_dq_gpu(
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dq_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -11880,22 +11683,9 @@ def _gqa_backward_dkdv_tpu(
 
 
 def _gqa_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_r_ref,
-    dv_r_ref,
-    *,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *, t, d, size_s, block_s
 ):
+    block_t, block_d = dk_r_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
@@ -11982,15 +11772,7 @@ def _gqa_backward_dkdv_gpu(
     )
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dkdv_gpu_kernel,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
         # One program per element of B, element of G, element of R, block of T; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of S itself, carrying running values.
@@ -12369,23 +12151,8 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
     )(dk_r, dv_r)
 
 
-def _gqa_backward_over_r_gpu_kernel(
-    dk_r_ref,
-    dv_r_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    g,
-    t,
-    d,
-    block_b,
-    block_g,
-    block_t,
-    block_d,
-    r,
-    block_r,
-):
+def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, t, d, r, block_r):
+    block_b, block_g, _, block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
@@ -12441,17 +12208,7 @@ def _gqa_backward_over_r_gpu(
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _gqa_backward_over_r_gpu_kernel,
-            b=b,
-            g=g,
-            t=t,
-            d=d,
-            block_b=block_b,
-            block_g=block_g,
-            block_t=block_t,
-            block_d=block_d,
-            r=r,
-            block_r=block_r,
+            _gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r
         ),
         # One program per block of B, block of G, block of T, block of D; programs run
         # concurrently. Each holds all of R (one block of the next power of two).
@@ -12843,7 +12600,8 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     )(x, w)
 
 
-def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k, block_n):
+def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -12882,15 +12640,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two). Each loops over the blocks of K itself, carrying
         # running values.
@@ -13214,7 +12964,8 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
     )(y, dy)
 
 
-def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, n, block_n):
+def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
+    block_m, block_n = dacc_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -13244,9 +12995,7 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_matmul_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -13537,9 +13286,8 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-def _matmul_softmax_backward_x_gpu_kernel(
-    dacc_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -13578,15 +13326,7 @@ def _matmul_softmax_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -13879,9 +13619,8 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-def _matmul_softmax_backward_w_gpu_kernel(
-    x_ref, dacc_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
+    block_k, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -13920,15 +13659,7 @@ def _matmul_softmax_backward_w_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_w_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -14274,7 +14005,8 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     )(x, g, w)
 
 
-def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
+def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -14314,15 +14046,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; programs run concurrently. Each holds all of
         # K (one block of the next power of two).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -14652,7 +14376,8 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
     )(x, g)
 
 
-def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, block_m, k, block_k):
+def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
+    block_m, block_k = lhs_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
@@ -14679,9 +14404,7 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
     )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_lhs_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -14992,9 +14715,8 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     )(dy, w)
 
 
-def _rmsnorm_matmul_backward_lhs_gpu_kernel(
-    dy_ref, w_ref, dlhs_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n, block_n):
+    block_m, block_k = dlhs_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -15033,15 +14755,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_backward_lhs_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_rmsnorm_matmul_backward_lhs_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -15334,9 +15048,8 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )(lhs, dy)
 
 
-def _rmsnorm_matmul_backward_w_gpu_kernel(
-    lhs_ref, dy_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, block_m):
+    block_k, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -15375,15 +15088,7 @@ def _rmsnorm_matmul_backward_w_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_backward_w_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_rmsnorm_matmul_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -15658,9 +15363,8 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
     )(x, g, mean_k, dlhs)
 
 
-def _rmsnorm_matmul_lhs_backward_gpu_kernel(
-    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, block_m, k, block_k
-):
+def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
@@ -15699,9 +15403,7 @@ def _rmsnorm_matmul_lhs_backward_gpu(
     )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -16024,8 +15726,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m, block_k
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m
 ):
+    _, block_k = dg_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     inside = rt.mask((1, block_k), None, in_k)
@@ -16073,11 +15776,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     )
     return pl.pallas_call(
         functools.partial(
-            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel,
-            m=m,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
+            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m
         ),
         # One program per block of K; programs run concurrently. Each loops over M itself,
         # accumulating in order.

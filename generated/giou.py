@@ -320,22 +320,9 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
 
 
 def _giou_gpu_kernel(
-    ax1_ref,
-    ay1_ref,
-    ax2_ref,
-    ay2_ref,
-    bx1_ref,
-    by1_ref,
-    bx2_ref,
-    by2_ref,
-    giou_ref,
-    *,
-    b,
-    n,
-    block_b,
-    block_n,
-    eps,
+    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, b, n, eps
 ):
+    block_b, block_n = giou_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -391,7 +378,7 @@ def _giou_gpu(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_giou_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        functools.partial(_giou_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
@@ -961,10 +948,9 @@ def _giou_backward_gpu_kernel(
     *,
     b,
     n,
-    block_b,
-    block_n,
     eps,
 ):
+    block_b, block_n = dax1_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1117,9 +1103,7 @@ def _giou_backward_gpu(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _giou_backward_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
-        ),
+        functools.partial(_giou_backward_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[

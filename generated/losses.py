@@ -329,7 +329,8 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     )(logits, label)
 
 
-def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m, block_v):
+def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v):
+    block_m, _ = loss_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -383,7 +384,7 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
+        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
@@ -712,8 +713,9 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
 
 
 def _cross_entropy_with_residuals_gpu_kernel(
-    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_m, block_v
+    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v
 ):
+    block_m, _ = loss_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -771,9 +773,7 @@ def _cross_entropy_with_residuals_gpu(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
@@ -1087,8 +1087,9 @@ def _cross_entropy_backward_tpu(
 
 
 def _cross_entropy_backward_gpu_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v
 ):
+    block_m, block_v = dlogits_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
@@ -1120,9 +1121,7 @@ def _cross_entropy_backward_gpu(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_backward_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_backward_gpu_kernel, m=m, v=v),
         # One program per block of M, block of V; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[

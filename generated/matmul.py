@@ -261,7 +261,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -291,9 +292,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
+        functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -566,7 +565,8 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
     )(dz, y)
 
 
-def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -605,15 +605,7 @@ def _matmul_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -880,7 +872,8 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
     )(x, dz)
 
 
-def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, block_n, block_m):
+def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -919,15 +912,7 @@ def _matmul_backward_y_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -1326,7 +1311,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1356,15 +1342,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -1653,9 +1631,8 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
     )(x, y)
 
 
-def _matmul_relu_with_residuals_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
-):
+def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1694,15 +1671,7 @@ def _matmul_relu_with_residuals_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_with_residuals_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -2049,9 +2018,8 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     )(acc, dz, y)
 
 
-def _matmul_relu_backward_x_gpu_kernel(
-    acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -2098,15 +2066,7 @@ def _matmul_relu_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -2482,9 +2442,8 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_gpu_kernel(
-    acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -2531,15 +2490,7 @@ def _matmul_relu_backward_y_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -3030,9 +2981,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
-):
+def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -3068,15 +3018,7 @@ def _matmul_bias_gelu_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -3406,8 +3348,9 @@ def _matmul_bias_gelu_with_residuals_tpu(
 
 
 def _matmul_bias_gelu_with_residuals_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k
 ):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -3448,13 +3391,7 @@ def _matmul_bias_gelu_with_residuals_gpu(
     )
     return pl.pallas_call(
         functools.partial(
-            _matmul_bias_gelu_with_residuals_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
+            _matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k
         ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
@@ -3847,8 +3784,9 @@ def _matmul_bias_gelu_backward_x_tpu(
 
 
 def _matmul_bias_gelu_backward_x_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n
 ):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -3902,15 +3840,7 @@ def _matmul_bias_gelu_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -4373,8 +4303,9 @@ def _matmul_bias_gelu_backward_y_tpu(
 
 
 def _matmul_bias_gelu_backward_y_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_k, block_n, block_m
+    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m
 ):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -4436,15 +4367,7 @@ def _matmul_bias_gelu_backward_y_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -4928,7 +4851,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -4961,15 +4885,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         (16, 16, 32),
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_int8_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -5322,7 +5238,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     )(x, y)
 
 
-def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
@@ -5357,15 +5274,7 @@ def _batched_matmul_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per element of B, block of M, block of N; each loops over K itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -5685,9 +5594,8 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
     )(dz, y)
 
 
-def _batched_matmul_backward_x_gpu_kernel(
-    dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
@@ -5733,15 +5641,7 @@ def _batched_matmul_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per element of B, block of M, block of K; programs run concurrently.
         # Each loops over the blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -6118,9 +6018,8 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
     )(dz, x)
 
 
-def _batched_matmul_backward_y_gpu_kernel(
-    dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
@@ -6166,15 +6065,7 @@ def _batched_matmul_backward_y_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per element of B, block of K, block of N; programs run concurrently.
         # Each loops over the blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -6561,7 +6452,8 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     )(q, k)
 
 
-def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, block_d, scale):
+def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
+    block_s, block_t = s_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -6599,14 +6491,7 @@ def _scores_gpu(
     )
     return pl.pallas_call(
         functools.partial(
-            _scores_gpu_kernel,
-            size_s=size_s,
-            t=t,
-            d=d,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale
         ),
         # One program per element of B, block of S, block of T; each loops over D itself
         # (Triton has no scratch memory).
@@ -6879,9 +6764,8 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
     )(ds)
 
 
-def _scores_backward_epilogue_gpu_kernel(
-    ds_ref, dacc_ref, *, b, s, t, block_b, block_s, block_t, scale
-):
+def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
+    block_b, block_s, block_t = dacc_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
@@ -6908,16 +6792,7 @@ def _scores_backward_epilogue_gpu(
         (block_b, block_s, block_t, num_warps, num_stages),
     )
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_epilogue_gpu_kernel,
-            b=b,
-            s=s,
-            t=t,
-            block_b=block_b,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
+        functools.partial(_scores_backward_epilogue_gpu_kernel, b=b, s=s, t=t, scale=scale),
         # One program per block of B, block of S, block of T; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         # ds: f32[B, S, T]
@@ -7176,7 +7051,8 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
     )(dacc, k)
 
 
-def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, block_d, block_t):
+def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
@@ -7213,15 +7089,7 @@ def _scores_backward_q_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_q_gpu_kernel,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_d=block_d,
-            block_t=block_t,
-        ),
+        functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
         # One program per element of B, block of S, block of D; each loops over T itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
@@ -7521,7 +7389,8 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
     )(dacc, q)
 
 
-def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, block_d, block_s):
+def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
@@ -7560,15 +7429,7 @@ def _scores_backward_k_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_k_gpu_kernel,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_d=block_d,
-            block_s=block_s,
-        ),
+        functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
         # One program per element of B, block of T, block of D; each loops over S itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
@@ -7935,7 +7796,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, w, bias)
 
 
-def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
+def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -7970,9 +7832,7 @@ def _linear_gpu(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _linear_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
+        functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -8241,7 +8101,8 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     )(dy)
 
 
-def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, block_n):
+def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
+    _, block_n = dbias_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -8278,9 +8139,7 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
@@ -8534,7 +8393,8 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
     )(dy, w)
 
 
-def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -8571,15 +8431,7 @@ def _linear_backward_x_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
@@ -8860,7 +8712,8 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
     )(dy, x)
 
 
-def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, block_k, block_m):
+def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
+    block_n, block_k = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -8899,15 +8752,7 @@ def _linear_backward_w_gpu(
         16,
     )
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_w_gpu_kernel,
-            n=n,
-            k=k,
-            m=m,
-            block_n=block_n,
-            block_k=block_k,
-            block_m=block_m,
-        ),
+        functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
         # One program per block of N, block of K; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),

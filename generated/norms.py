@@ -291,9 +291,8 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     )(x, w, b)
 
 
-def _layer_norm_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, block_m, n, block_n, eps
-):
+def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -326,9 +325,7 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -678,8 +675,9 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
 
 
 def _layer_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps
 ):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -714,14 +712,7 @@ def _layer_norm_with_residuals_gpu(
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_with_residuals_gpu_kernel,
-            m=m,
-            block_m=block_m,
-            n=n,
-            block_n=block_n,
-            eps=eps,
-        ),
+        functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1131,22 +1122,9 @@ def _layer_norm_backward_tpu(
 
 
 def _layer_norm_backward_gpu_kernel(
-    x_ref,
-    w_ref,
-    mu_ref,
-    rstd_ref,
-    mean_n_ref,
-    dy_ref,
-    dmu_ref,
-    drstd_ref,
-    dx_ref,
-    *,
-    m,
-    block_m,
-    n,
-    block_n,
-    eps,
+    x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, eps
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1188,9 +1166,7 @@ def _layer_norm_backward_gpu(
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1624,8 +1600,9 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
 
 
 def _layer_norm_backward_over_m_gpu_kernel(
-    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m, block_n
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m
 ):
+    _, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -1679,9 +1656,7 @@ def _layer_norm_backward_over_m_gpu(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
@@ -1996,7 +1971,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     )(x, w)
 
 
-def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
+def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -2031,9 +2007,7 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -2283,9 +2257,8 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     )(x, w)
 
 
-def _rms_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, y_ref, mean_n_ref, *, m, block_m, n, block_n, eps
-):
+def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -2312,9 +2285,7 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -2604,9 +2575,8 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     )(x, w, mean_n, dy)
 
 
-def _rms_norm_backward_gpu_kernel(
-    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps
-):
+def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, eps):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -2645,9 +2615,7 @@ def _rms_norm_backward_gpu(
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -2973,9 +2941,8 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
     )(x, mean_n, dy)
 
 
-def _rms_norm_backward_over_m_gpu_kernel(
-    x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, block_n, eps
-):
+def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, eps):
+    _, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -3020,14 +2987,7 @@ def _rms_norm_backward_over_m_gpu(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_backward_over_m_gpu_kernel,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),

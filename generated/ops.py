@@ -210,7 +210,8 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 
 # Also `add_i32`'s and `add_i8`'s: the same code, written once.
-def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
+def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -233,7 +234,7 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -428,7 +429,8 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     )(dz)
 
 
-def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -451,7 +453,7 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
@@ -696,7 +698,8 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 
 # Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
-def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
+def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -719,7 +722,7 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -935,7 +938,8 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     )(x, y, dz)
 
 
-def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -960,7 +964,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1180,7 +1184,8 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1203,7 +1208,7 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_f32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_f32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1733,7 +1738,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1974,7 +1979,7 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -2174,7 +2179,8 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -2197,7 +2203,7 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_i32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_i32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -2686,7 +2692,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -2930,7 +2936,7 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -3130,7 +3136,8 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -3157,7 +3164,7 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_i8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_i8_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),

@@ -177,7 +177,8 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -200,7 +201,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -477,7 +478,8 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
     )(x)
 
 
-def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
+def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -518,7 +520,7 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
@@ -705,7 +707,8 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -728,7 +731,7 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmin_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmin_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -993,7 +996,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     )(x)
 
 
-def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
+def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
+    _, block_n = s_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -1029,7 +1033,7 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
@@ -1238,7 +1242,8 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
     )(x, ds)
 
 
-def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, block_n):
+def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1260,9 +1265,7 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _column_sums_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_column_sums_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1524,7 +1527,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, block_n):
+def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1554,9 +1558,7 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1824,8 +1826,9 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 
 def _quantize_rows_int8_with_residuals_gpu_kernel(
-    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, block_m, n, block_n
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n
 ):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1857,13 +1860,7 @@ def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_s
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_with_residuals_gpu_kernel,
-            m=m,
-            block_m=block_m,
-            n=n,
-            block_n=block_n,
-        ),
+        functools.partial(_quantize_rows_int8_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -2194,8 +2191,9 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
 
 
 def _quantize_rows_int8_backward_gpu_kernel(
-    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m, block_n
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -2230,9 +2228,7 @@ def _quantize_rows_int8_backward_gpu(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_quantize_rows_int8_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[

@@ -196,7 +196,8 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -220,7 +221,7 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -485,9 +486,8 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _softmax_with_residuals_gpu_kernel(
-    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, block_m, n, block_n
-):
+def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -518,9 +518,7 @@ def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, inte
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -869,8 +867,9 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
 
 
 def _softmax_backward_gpu_kernel(
-    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -913,7 +912,7 @@ def _softmax_backward_gpu(
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1260,7 +1259,8 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1283,7 +1283,7 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_log_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1508,9 +1508,8 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _log_softmax_with_residuals_gpu_kernel(
-    x_ref, y_ref, logsumexp_n_ref, *, m, block_m, n, block_n
-):
+def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1535,9 +1534,7 @@ def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, 
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _log_softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1792,9 +1789,8 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     )(x, logsumexp_n, dy)
 
 
-def _log_softmax_backward_gpu_kernel(
-    x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
-):
+def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1827,9 +1823,7 @@ def _log_softmax_backward_gpu(
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _log_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),

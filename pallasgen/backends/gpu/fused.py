@@ -21,8 +21,10 @@ from pallasgen.backends.gpu.plan import (
     dispatch_arguments,
     kernel_function_name,
     launcher_name,
+    MASKS_COMMENT,
     launcher_parameters,
     mentioned,
+    shape_reads,
     tuned_fields,
 )
 from pallasgen.frontend import ir
@@ -147,6 +149,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     loop = tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else ()
     body = body if loop else [*used_starts(body, prologue), *body]
     every = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in [*tunable, *whole])]
+    read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
+    every = [name for name in every if name not in read]
     keywords = mentioned([*every, *(p.name for p in kernel.params)], [*masks, *loop, *body])
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     defaults = gpu_blocks(checked)
@@ -168,7 +172,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=tuple(masks),
+        masks=(*read_line, MASKS_COMMENT, *masks),
         loop=loop,
         body=tuple(body),
         tiling=tiling,

@@ -153,6 +153,18 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     ]
 
 
+MASKS_COMMENT = "# Which positions of this program's blocks lie inside the arrays (None: no edge)."
+
+
+def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
+    """The blocks a kernel reads from the shape of an array's block (`ref`), and the
+    line that reads them (none: its block has no blocked axis)."""
+    axes = next(a for a in tiling.arrays if a.name == array).axes
+    names = [block_keyword(a.dim) if a.extent == "block" else "_" for a in axes if a.extent != "squeezed"]
+    read = [name for name in names if name != "_"]
+    return read, [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {ref}.shape"] if read else []
+
+
 def mentioned(names, lines) -> list[str]:
     """The `names` that `lines` (a kernel's code) read: the statics it takes."""
     words = set(re.findall(r"\w+", "\n".join(lines)))
@@ -253,9 +265,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         loop, body = _reduction_loop(lowered, namer, looped, spelling, load, store, mask, visible, inside)
     else:
         body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
+    read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
     kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
     kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]
-    kernel_keywords += [p.name for p in kernel.params]
+    kernel_keywords = [name for name in kernel_keywords if name not in read] + [p.name for p in kernel.params]
     if product is not None:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
     return GpuPlan(
@@ -283,7 +296,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=tuple(masks),
+        masks=(*read_line, MASKS_COMMENT, *masks),
         loop=tuple(loop),
         body=tuple(body),
         tiling=tiling,
