@@ -689,11 +689,10 @@ def _attention_mosaic_gpu_kernel(
     h,
     size_s,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -778,14 +777,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _attention_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
@@ -1482,11 +1474,10 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -1598,9 +1589,7 @@ def _attention_backward_dq_mosaic_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -2289,11 +2278,10 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     h,
     t,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
+    block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
@@ -2394,9 +2382,7 @@ def _attention_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -3077,11 +3063,10 @@ def _attention_dq_mosaic_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -3167,9 +3152,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -3880,11 +3863,10 @@ def _attention_dkdv_mosaic_gpu_kernel(
     h,
     t,
     s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
+    block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
@@ -3972,14 +3954,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
     dk, dv = plgpu.kernel(
         functools.partial(
-            _attention_dkdv_mosaic_gpu_kernel,
-            h=h,
-            t=t,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-            scale=scale,
+            _attention_dkdv_mosaic_gpu_kernel, h=h, t=t, s=s, block_s=block_s, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
@@ -4553,11 +4528,10 @@ def _attention_full_mosaic_gpu_kernel(
     h,
     s,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -4628,14 +4602,7 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
-            _attention_full_mosaic_gpu_kernel,
-            h=h,
-            s=s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
         scratch_types=[
@@ -5130,11 +5097,10 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     h,
     s,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -5213,9 +5179,7 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
             h=h,
             s=s,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -5745,11 +5709,10 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -5826,9 +5789,7 @@ def _attention_full_backward_dq_mosaic_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -6377,11 +6338,10 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     h,
     t,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
+    block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
@@ -6462,9 +6422,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -7137,11 +7095,10 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     h,
     size_s,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -7231,9 +7188,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
             h=h,
             size_s=size_s,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
@@ -7811,11 +7766,10 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     h,
     size_s,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -7912,9 +7866,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
             h=h,
             size_s=size_s,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -8566,11 +8518,10 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
@@ -8676,9 +8627,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -9377,11 +9326,10 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     h,
     t,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
+    block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
@@ -9491,9 +9439,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -10032,10 +9978,9 @@ def _gqa_mosaic_gpu_kernel(
     r,
     size_s,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
+    block_s, block_d = o_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
@@ -10106,16 +10051,7 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     (o,) = plgpu.kernel(
-        functools.partial(
-            _gqa_mosaic_gpu_kernel,
-            g=g,
-            r=r,
-            size_s=size_s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
@@ -10582,10 +10518,9 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     r,
     size_s,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
+    block_s, block_d = o_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
@@ -10661,14 +10596,7 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _gqa_with_residuals_mosaic_gpu_kernel,
-            g=g,
-            r=r,
-            size_s=size_s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
+            _gqa_with_residuals_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
@@ -11199,10 +11127,9 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
+    block_s, block_d = dq_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
     rt.mgpu_copy_in(
@@ -11280,15 +11207,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
-            _gqa_backward_dq_mosaic_gpu_kernel,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
+            _gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
@@ -11832,10 +11751,9 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     r,
     t,
     size_s,
-    block_t,
     block_s,
-    block_d,
 ):
+    block_t, block_d = dk_r_smem.shape
     b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, block_t))
     t_start = t_block * block_t
     rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
@@ -11910,14 +11828,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
         functools.partial(
-            _gqa_backward_dkdv_mosaic_gpu_kernel,
-            g=g,
-            r=r,
-            t=t,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
+            _gqa_backward_dkdv_mosaic_gpu_kernel, g=g, r=r, t=t, size_s=size_s, block_s=block_s
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),

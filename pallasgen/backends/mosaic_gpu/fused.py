@@ -359,7 +359,9 @@ class FusedPlanner:
         streamed = [d for d in kernel.inputs if self.fused.sweep.dim in d.dims]
         once = [d for d in kernel.inputs if d not in streamed]
         barrier = self.namer.claim("barrier")
-        body = self._program()
+        out = kernel.outputs[0]  # the blocks of its tile in shared memory, read from the tile's shape
+        read = [block_keyword(d) for d in out.dims if d not in self.fused.batch]
+        body = [f"{', '.join(read)}{',' if len(read) == 1 else ''} = {self.smem[out.name]}.shape", *self._program()]
         for number, decl in enumerate(once):
             body.append(f"rt.mgpu_copy_in({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])")
         body += [
@@ -372,6 +374,7 @@ class FusedPlanner:
         if once:  # a barrier per input copied once
             scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
         every = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
+        every = [name for name in every if name not in read]
         keywords = mentioned([*every, *(p.name for p in kernel.params)], body)
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
         parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
