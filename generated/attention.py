@@ -587,12 +587,10 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             acc_t_lhs = p
@@ -715,13 +713,11 @@ def _attention_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             operand = p
@@ -4438,9 +4434,8 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, 
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
@@ -4544,13 +4539,11 @@ def _attention_full_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -4992,9 +4985,8 @@ def _attention_full_with_residuals_gpu_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
@@ -5113,13 +5105,11 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -6994,12 +6984,10 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -7125,13 +7113,11 @@ def _attention_bottom_right_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -7655,12 +7641,10 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -7796,13 +7780,11 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -9889,9 +9871,8 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -9996,13 +9977,11 @@ def _gqa_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -10414,9 +10393,8 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -10536,13 +10514,11 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -12573,9 +12549,8 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, w_smem):
             plgpu.wgmma(product_ref, x_smem, w_smem)
             plgpu.wgmma_wait(0)

@@ -1698,9 +1698,8 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem.T)
             plgpu.wgmma_wait(0)
@@ -3433,9 +3432,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem)
             plgpu.wgmma_wait(0)

@@ -22,6 +22,7 @@ from pallasgen.backends.gpu.plan import (
     kernel_function_name,
     launcher_name,
     MASKS_COMMENT,
+    comments_above,
     launcher_parameters,
     mentioned,
     shape_reads,
@@ -173,8 +174,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=(*read_line, MASKS_COMMENT, *masks),
-        loop=loop,
-        body=tuple(body),
+        loop=comments_above(loop),
+        body=comments_above(body),
         tiling=tiling,
     )
 

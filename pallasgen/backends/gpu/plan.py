@@ -165,6 +165,19 @@ def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[s
     return read, [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {ref}.shape"] if read else []
 
 
+def comments_above(lines, indent: int = 4) -> tuple[str, ...]:
+    """A function body's lines (at `indent`), each comment after code that would not fit
+    a line with it moved to a line of its own above the code (black would split the code)."""
+    out = []
+    for line in lines:
+        code, _, comment = line.partition("  # ")
+        if comment and indent + len(line) > 100 and "#" not in code and code.count('"') % 2 == 0:
+            out += [f"{code[: len(code) - len(code.lstrip())]}# {comment}", code]
+        else:
+            out.append(line)
+    return tuple(out)
+
+
 def mentioned(names, lines) -> list[str]:
     """The `names` that `lines` (a kernel's code) read: the statics it takes."""
     words = set(re.findall(r"\w+", "\n".join(lines)))
@@ -297,8 +310,8 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=(*read_line, MASKS_COMMENT, *masks),
-        loop=tuple(loop),
-        body=tuple(body),
+        loop=comments_above(loop),
+        body=comments_above(body),
         tiling=tiling,
     )
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.gpu.plan import comments_above
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.fused import FusedPlanner
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
@@ -226,7 +227,7 @@ class _Planner:
             launcher_name(kernel.name),
             kernel_function_name(kernel.name),
             kernel_parameters,
-            tuple(kernel_body),
+            comments_above(kernel_body),
             launcher,
             launcher_body,
             f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
