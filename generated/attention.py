@@ -12178,8 +12178,8 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_t, block_d, padded_t = 64, 128, t + -t % 8
-    padded_d = d + -d % block_d
+    block_t, block_d = 64, 128
+    padded_t, padded_d = t + -t % 8, d + -d % block_d
     dk_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
     dv_r = rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
     dk, dv = plgpu.kernel(

@@ -450,8 +450,8 @@ def _giou_mosaic_gpu_kernel(
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
     """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_b, block_n, padded_b = 64, 64, b + -b % 8
-    padded_n = n + -n % block_n
+    block_b, block_n = 64, 64
+    padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
     ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
     bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
@@ -1336,8 +1336,8 @@ def _giou_backward_mosaic_gpu(
 ):
     """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_b, block_n, padded_b = 64, 32, b + -b % 8
-    padded_n = n + -n % block_n
+    block_b, block_n = 64, 32
+    padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
     ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
     bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))

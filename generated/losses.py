@@ -1173,8 +1173,8 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
     """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_v, padded_m = 64, 128, m + -m % 8
-    padded_v = v + -v % block_v
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % 8, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
     label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))

@@ -2105,8 +2105,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
     GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
@@ -2529,8 +2529,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
     GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
@@ -3892,8 +3892,8 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
@@ -4495,8 +4495,8 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
     """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
@@ -5680,8 +5680,8 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
@@ -6104,8 +6104,8 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
     Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
     back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
@@ -6826,8 +6826,8 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_s, block_t, padded_s = 64, 128, s + -s % 8
-    padded_t = t + -t % block_t
+    block_s, block_t = 64, 128
+    padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
         functools.partial(

@@ -269,8 +269,8 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -491,8 +491,8 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -757,8 +757,8 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -1009,8 +1009,8 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
@@ -1773,8 +1773,8 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -2014,8 +2014,8 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -2726,8 +2726,8 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -2970,8 +2970,8 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
     padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),

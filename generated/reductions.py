@@ -1301,8 +1301,8 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -2280,8 +2280,8 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
     """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n, padded_m = 64, 128, m + -m % 8
-    padded_n = n + -n % block_n
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
     argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
     dscale = rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))

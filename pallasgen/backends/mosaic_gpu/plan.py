@@ -187,9 +187,8 @@ class _Planner:
     def launcher(self, blocks: dict[str, int], multiples: dict[str, str], reshapes: list[str], kernel_call: list[str]):
         """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
         kernel, sizes = self.kernel, self.sizes
-        lines = [f"{block_keyword(d)} = {b}" for d, b in blocks.items()]
-        lines += [f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()]
-        lines = compact([*lines, *reshapes])
+        lines = compact([f"{block_keyword(d)} = {b}" for d, b in blocks.items()])
+        lines += compact([*(f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()), *reshapes])
         outs = [self.values[o.name] for o in kernel.outputs]
         lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
         cropped = []
