@@ -111,7 +111,10 @@ def smem_code(checked: CheckedKernel, block_names: dict[str, str], stages_name: 
         if not staged:
             held[dims] = held.get(dims, 0) + b
     return " + ".join(
-        [f"{stages_name} * {size} * ({m} + {n}) * {k}", *(" * ".join([str(b), *(block_names[d] for d in dims)]) for dims, b in held.items())]
+        [
+            f"{stages_name} * {size} * ({m} + {n}) * {k}",
+            *(" * ".join([str(b), *(block_names[d] for d in dims)]) for dims, b in held.items()),
+        ]
     )
 
 

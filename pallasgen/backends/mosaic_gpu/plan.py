@@ -188,7 +188,9 @@ class _Planner:
         """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
         kernel, sizes = self.kernel, self.sizes
         lines = compact([f"{block_keyword(d)} = {b}" for d, b in blocks.items()])
-        lines += compact([*(f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()), *reshapes])
+        lines += compact(
+            [*(f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()), *reshapes]
+        )
         outs = [self.values[o.name] for o in kernel.outputs]
         lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
         cropped = []
@@ -445,10 +447,7 @@ class _ProductPlanner(_Planner):
             + ")",
         ]
         scratch = [
-            *(
-                f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})"
-                for o in kernel.outputs
-            ),
+            *(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})" for o in kernel.outputs),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
                 f"{'rt.mgpu_smem' if len(own[d.name]) == 2 else 'plgpu.SMEM'}"
@@ -532,7 +531,9 @@ class _ProductPlanner(_Planner):
         names = ", ".join(chosen.values())
         blocks = choices.block_choices(checked)
         smem = self.namer.claim("smem_bytes")
-        bytes_code = choices.smem_code(checked, {d: block_keyword(d) for d in blocks}, chosen[choices.PREFIX + choices.STAGES])
+        bytes_code = choices.smem_code(
+            checked, {d: block_keyword(d) for d in blocks}, chosen[choices.PREFIX + choices.STAGES]
+        )
         return [
             f"{names} = rt.gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
             f"{smem} = {bytes_code}",
