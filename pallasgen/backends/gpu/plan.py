@@ -76,7 +76,7 @@ class GpuPlan:
     kernel_callable: str
     parameters: str  # of the GPU launcher
     dispatch_arguments: str  # the keywords the public function binds for the launcher
-    masks: tuple[str, ...]  # which rows, columns... of this program's blocks lie inside the arrays
+    masks: tuple[str, ...]  # the blocks read from the output's shape; which positions of them lie inside the arrays
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
