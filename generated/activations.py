@@ -68,7 +68,8 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     )(x)
 
 
-def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
+def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -79,35 +80,26 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _leaky_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # mask: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -120,8 +112,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
 
 
 def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, mask_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -132,38 +123,19 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32),
         ],
     )(x_ref, y_ref, mask_ref)
 
 
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
-    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
+    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, mask = plgpu.kernel(
         functools.partial(_leaky_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
@@ -270,7 +242,8 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     )(x, dy)
 
 
-def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n, slope):
+def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -281,34 +254,27 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n,
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _leaky_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_backward_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -317,8 +283,7 @@ def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages,
 
 
 def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n, slope):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, dy_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -329,40 +294,18 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, dy_ref, dx_ref)
 
 
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
@@ -464,14 +407,15 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     )(x, bias, scale)
 
 
-def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, block_n):
+def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    bias = rt.load(bias_ref, (None, in_n))
+    scale = rt.load(scale_ref, (in_m, None))
     rt.store(
         y_ref,
         jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
@@ -479,34 +423,28 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_bias_gelu_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_bias_gelu_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -515,8 +453,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
 
 
 def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, y_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -530,39 +467,23 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(x_ref, bias_ref, scale_ref, y_ref)
 
 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
-    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
+    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale = rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
     (y,) = plgpu.kernel(
         functools.partial(_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -691,16 +612,15 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n, block_m, block_n
-):
+def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    bias = rt.load(bias_ref, (None, in_n))
+    scale = rt.load(scale_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
@@ -712,10 +632,10 @@ def _bias_gelu_backward_gpu_kernel(
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -723,29 +643,20 @@ def _bias_gelu_backward_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -756,8 +667,7 @@ def _bias_gelu_backward_gpu(
 def _bias_gelu_backward_mosaic_gpu_kernel(
     x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -777,45 +687,24 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
 
 
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(_bias_gelu_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -956,8 +845,9 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 
 def _bias_gelu_backward_over_m_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m
 ):
+    _, block_n = dbias_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -967,9 +857,9 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -990,10 +880,10 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1001,30 +891,21 @@ def _bias_gelu_backward_over_m_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1047,10 +928,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     m,
 ):
     program_n = jax.lax.axis_index("N")
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
@@ -1078,17 +956,9 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
@@ -1096,27 +966,16 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -1267,8 +1126,9 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 
 def _bias_gelu_backward_over_n_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_m, block_n
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n
 ):
+    block_m, _ = dscale_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -1278,9 +1138,9 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
-        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], rt.mask((1, block_n), None, in_n))
-        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
+        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], (None, in_n))
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1301,10 +1161,10 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     rt.store(dscale_ref, sum_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -1312,30 +1172,21 @@ def _bias_gelu_backward_over_n_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dscale: f32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1358,10 +1209,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
     scale = rt.mgpu_load_vector(scale_smem, 0)
 
     def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):
@@ -1389,17 +1237,9 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1407,27 +1247,16 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     sum_n = sum_n_running
     dscale = sum_n
     dscale_smem[...] = dscale
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
+    scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dscale,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -1544,44 +1373,40 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     )(x, scale)
 
 
-def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n):
+def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    scale = rt.load(scale_ref, (in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_quantize_rows_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_quantize_rows_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
         ],
-        # q: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1590,8 +1415,7 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
 
 
 def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, scale_smem, q_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1604,36 +1428,19 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, scale_ref, q_ref)
 
 
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
-    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    scale = scale.reshape((m,))
-    scale = rt.mgpu_pad(scale, (padded_m,))
+    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
     (q,) = plgpu.kernel(
         functools.partial(_quantize_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),

@@ -63,7 +63,8 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     )(x, y)
 
 
-def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
+def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
+    (block_n,) = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
@@ -72,31 +73,27 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_vectors_gpu_kernel, n=n, block_n=block_n),
+        functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # y: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
         ],
-        # z: f32[N]
-        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
+        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -115,20 +112,14 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-        ],
+        in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))] * 2,
         out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     (z,) = plgpu.kernel(
         functools.partial(_add_vectors_mosaic_gpu_kernel, block_n=block_n),
@@ -228,7 +219,8 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     )(dz)
 
 
-def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
+def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
+    (block_n,) = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
@@ -237,32 +229,26 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),
+        functools.partial(_add_vectors_backward_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # dz: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,))
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]
         out_specs=(
-            # dx: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
-            # dy: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
@@ -286,19 +272,13 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
         step,
         grid=(1,),
         in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
-        out_specs=[
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-        ],
+        out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))] * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     dx, dy = plgpu.kernel(
         functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),

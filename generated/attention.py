@@ -230,14 +230,13 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     )(q, k, v)
 
 
-def _attention_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -245,16 +244,8 @@ def _attention_gpu_kernel(
 
         def step():
             max_t, acc_t, sum_exp_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -269,12 +260,10 @@ def _attention_gpu_kernel(
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             acc_t_lhs = p
@@ -304,16 +293,14 @@ def _attention_gpu_kernel(
             jnp.full((block_s, 1), 0.0, jnp.float32),
         ),
     )
-    rt.store(
-        o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d)
-    )
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -321,24 +308,13 @@ def _attention_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -381,27 +357,16 @@ def _attention_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -421,13 +386,11 @@ def _attention_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             operand = p
@@ -452,18 +415,7 @@ def _attention_mosaic_gpu_kernel(
     max_t, acc_t, sum_exp_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -473,61 +425,39 @@ def _attention_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _attention_mosaic_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -885,25 +815,22 @@ def _attention_backward_dq_gpu_kernel(
     dq_ref,
     delta_ref,
     *,
-    b,
-    h,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
-    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
+    dlse = rt.load(dlse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -911,16 +838,8 @@ def _attention_backward_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -963,9 +882,9 @@ def _attention_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
         jnp.sum(
             rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
@@ -974,14 +893,14 @@ def _attention_backward_dq_gpu_kernel(
         )
         - dlse
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1007,26 +926,16 @@ def _attention_backward_dq_gpu(
     interpret,
 ):
     """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -1084,43 +993,23 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = dq_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
+    rt.mgpu_copy_in(
         dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4]
     )
-    plgpu.barrier_wait(barrier.at[4])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -1173,18 +1062,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -1202,29 +1080,24 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1235,14 +1108,11 @@ def _attention_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -1250,24 +1120,14 @@ def _attention_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=5),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -1626,31 +1486,15 @@ def _attention_backward_dkdv_tpu(
 
 
 def _attention_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -1658,22 +1502,10 @@ def _attention_backward_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -1722,14 +1554,14 @@ def _attention_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1754,25 +1586,20 @@ def _attention_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -1826,31 +1653,17 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_t, block_d = dk_smem.shape
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -1899,16 +1712,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -1925,29 +1730,24 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_s = 64
+    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1957,14 +1757,10 @@ def _attention_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -1972,24 +1768,12 @@ def _attention_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -2315,33 +2099,17 @@ def _attention_dq_tpu(
 
 
 def _attention_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -2349,16 +2117,8 @@ def _attention_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -2391,21 +2151,21 @@ def _attention_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2430,24 +2190,16 @@ def _attention_dq_gpu(
     interpret,
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_dq_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_dq_gpu_options,
+        (size_s, t, b, h, d),
+        (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_dq_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -2501,39 +2253,20 @@ def _attention_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = dq_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -2571,18 +2304,7 @@ def _attention_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -2595,27 +2317,22 @@ def _attention_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2625,14 +2342,11 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -2640,23 +2354,13 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -3008,31 +2712,15 @@ def _attention_dkdv_tpu(
 
 
 def _attention_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    h,
-    t,
-    d,
-    s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -3040,22 +2728,10 @@ def _attention_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             st = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -3097,16 +2773,14 @@ def _attention_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(
-        dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d)
-    )
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3131,25 +2805,12 @@ def _attention_dkdv_gpu(
     interpret,
 ):
     """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
-        _attention_dkdv_gpu_options, (b, h, t, d, s), (block_t, block_s, num_warps, num_stages)
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
+        _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _attention_dkdv_gpu_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-            scale=scale,
-        ),
+        functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
         # One program per element of B, element of H, block of T; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of S itself, carrying running values.
@@ -3163,10 +2824,8 @@ def _attention_dkdv_gpu(
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -3201,31 +2860,17 @@ def _attention_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_t, block_d = dk_smem.shape
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -3267,16 +2912,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -3293,27 +2930,22 @@ def _attention_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
-    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_s = 64
+    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_s = s + -s % block_s
+    padded_t, padded_s = t + -t % block_t, s + -s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -3322,40 +2954,19 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
     dk, dv = plgpu.kernel(
         functools.partial(
-            _attention_dkdv_mosaic_gpu_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-            scale=scale,
+            _attention_dkdv_mosaic_gpu_kernel, h=h, t=t, s=s, block_s=block_s, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -3604,23 +3215,20 @@ def _attention_full_with_residuals_tpu(
 
 
 def _attention_full_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale
 ):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -3629,9 +3237,8 @@ def _attention_full_with_residuals_gpu_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
@@ -3664,14 +3271,14 @@ def _attention_full_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3679,26 +3286,16 @@ def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_with_residuals_gpu_options,
-        (b, h, s, d, t),
+        (s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _attention_full_with_residuals_gpu_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
@@ -3741,27 +3338,16 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
-    program = jax.lax.div(program, pl.cdiv(s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -3771,13 +3357,11 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -3801,18 +3385,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -3823,41 +3396,32 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s = s + -s % block_s
-    padded_t = t + -t % block_t
+    padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_full_with_residuals_mosaic_gpu_kernel,
-            b=b,
             h=h,
             s=s,
-            d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -3865,19 +3429,11 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(s, block_s),),
@@ -4091,24 +3647,19 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
     )(q, k, v)
 
 
-def _attention_full_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -4117,9 +3668,8 @@ def _attention_full_gpu_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
@@ -4152,13 +3702,13 @@ def _attention_full_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4166,25 +3716,12 @@ def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_gpu_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
+        functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
@@ -4217,27 +3754,16 @@ def _attention_full_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
-    program = jax.lax.div(program, pl.cdiv(s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -4247,13 +3773,11 @@ def _attention_full_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -4277,18 +3801,7 @@ def _attention_full_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -4298,56 +3811,32 @@ def _attention_full_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s = s + -s % block_s
-    padded_t = t + -t % block_t
+    padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
-            _attention_full_mosaic_gpu_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(s, block_s),),
@@ -4565,43 +4054,23 @@ def _attention_full_backward_dq_tpu(
 
 
 def _attention_full_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -4627,21 +4096,21 @@ def _attention_full_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4666,25 +4135,20 @@ def _attention_full_backward_dq_gpu(
     interpret,
 ):
     """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -4739,39 +4203,20 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = dq_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -4798,18 +4243,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -4822,29 +4256,24 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_full_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4854,14 +4283,11 @@ def _attention_full_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -4869,23 +4295,13 @@ def _attention_full_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -5126,47 +4542,23 @@ def _attention_full_backward_dkdv_tpu(
 
 
 def _attention_full_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
         in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = rt.load(
-            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        do = rt.load(
-            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        lse = rt.load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
-        delta = rt.load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
+        q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+        delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
@@ -5199,14 +4591,14 @@ def _attention_full_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5231,25 +4623,20 @@ def _attention_full_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -5303,31 +4690,17 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_t, block_d = dk_smem.shape
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -5356,16 +4729,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -5382,29 +4747,24 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_full_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_s = 64
+    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -5414,14 +4774,10 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -5429,24 +4785,12 @@ def _attention_full_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -5776,13 +5120,14 @@ def _attention_bottom_right_with_residuals_tpu(
 
 
 def _attention_bottom_right_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -5790,16 +5135,8 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -5814,12 +5151,10 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -5850,14 +5185,14 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5865,25 +5200,20 @@ def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_with_residuals_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -5927,27 +5257,16 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -5971,13 +5290,11 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -6002,18 +5319,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -6024,43 +5330,35 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_bottom_right_with_residuals_mosaic_gpu(
     q, k, v, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
-            d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -6068,19 +5366,11 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -6374,14 +5664,13 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
     )(q, k, v)
 
 
-def _attention_bottom_right_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
-):
+def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t, scale):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -6389,16 +5678,8 @@ def _attention_bottom_right_gpu_kernel(
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -6413,12 +5694,10 @@ def _attention_bottom_right_gpu_kernel(
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
+            # a row of -inf so far subtracts 0
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -6449,13 +5728,13 @@ def _attention_bottom_right_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -6463,25 +5742,20 @@ def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -6516,27 +5790,16 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     size_s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -6560,13 +5823,11 @@ def _attention_bottom_right_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
+            # a row of -inf so far subtracts 0
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
+            # what the terms so far are worth now
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -6591,18 +5852,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -6612,56 +5862,37 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
-            d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -6989,33 +6220,17 @@ def _attention_bottom_right_backward_dq_tpu(
 
 
 def _attention_bottom_right_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -7023,16 +6238,8 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
 
         def step():
             (acc_t,) = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
+            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
@@ -7072,21 +6279,21 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -7111,25 +6318,20 @@ def _attention_bottom_right_backward_dq_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dq_gpu_options,
-        (b, h, size_s, d, t),
+        (size_s, t, b, h, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_gpu_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -7184,39 +6386,20 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     h,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_s, block_d = dq_smem.shape
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
-        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
-        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -7271,18 +6454,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -7295,29 +6467,25 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+    )
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -7327,14 +6495,11 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
-            b=b,
             h=h,
             size_s=size_s,
             d=d,
             t=t,
-            block_s=block_s,
             block_t=block_t,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -7342,23 +6507,13 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
@@ -7717,31 +6872,15 @@ def _attention_bottom_right_backward_dkdv_tpu(
 
 
 def _attention_bottom_right_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -7749,22 +6888,10 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
 
         def step():
             acc_s, acc_s_2 = running
-            q = rt.load(
-                q_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            do = rt.load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                rt.mask((block_s, block_d), in_s, in_d),
-                other=0,
-            )
-            lse = rt.load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
-            delta = rt.load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-            )
+            q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+            lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+            delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
@@ -7813,14 +6940,14 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
+# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -7845,25 +6972,20 @@ def _attention_bottom_right_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
-        (b, h, t, d, size_s),
+        (t, size_s, b, h, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_gpu_kernel,
-            b=b,
-            h=h,
             t=t,
             d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -7917,31 +7039,17 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     h,
     t,
-    d,
     size_s,
-    block_t,
     block_s,
-    block_d,
     scale,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
+    block_t, block_d = dk_smem.shape
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -7998,16 +7106,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -8024,29 +7124,25 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_smem[...] = acc_s.astype(jnp.bfloat16)
     dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+    )
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_s = 64
+    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -8056,14 +7152,10 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
             h=h,
             t=t,
-            d=d,
             size_s=size_s,
-            block_t=block_t,
             block_s=block_s,
-            block_d=block_d,
             scale=scale,
         ),
         out_type=(
@@ -8071,24 +7163,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
@@ -8326,24 +7406,19 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
     )(q, k, v)
 
 
-def _gqa_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
-):
+def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -8353,9 +7428,8 @@ def _gqa_with_residuals_gpu_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -8384,14 +7458,14 @@ def _gqa_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -8399,27 +7473,15 @@ def _gqa_with_residuals_gpu(
     q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
     """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_with_residuals_gpu_options,
-        (b, g, r, size_s, d, t),
+        (size_s, t, b, g, r, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_with_residuals_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -8465,29 +7527,18 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -8498,13 +7549,11 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -8526,18 +7575,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -8548,63 +7586,39 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(
-        lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    rt.mgpu_copy_out(
+        (o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+        (lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _gqa_with_residuals_mosaic_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
+            _gqa_with_residuals_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -8795,24 +7809,19 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     )(q, k, v)
 
 
-def _gqa_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
-):
+def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
+    block_s, block_d = o_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -8822,9 +7831,8 @@ def _gqa_gpu_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -8853,37 +7861,24 @@ def _gqa_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
+        _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -8920,29 +7915,18 @@ def _gqa_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
-    d,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    block_s, block_d = o_smem.shape
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -8953,13 +7937,11 @@ def _gqa_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        # a row of -inf so far subtracts 0
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
+        # what the terms so far are worth now
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -8981,18 +7963,7 @@ def _gqa_mosaic_gpu_kernel(
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
@@ -9002,56 +7973,30 @@ def _gqa_mosaic_gpu_kernel(
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     (o,) = plgpu.kernel(
-        functools.partial(
-            _gqa_mosaic_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -9263,43 +8208,23 @@ def _gqa_backward_dq_tpu(
 
 
 def _gqa_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t
 ):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, (in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
+    lse = rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -9325,21 +8250,21 @@ def _gqa_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, (in_s, in_d), other=0)
+    do = rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(
         rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, (in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -9364,27 +8289,15 @@ def _gqa_backward_dq_gpu(
     interpret,
 ):
     """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dq_gpu_options,
-        (b, g, r, size_s, d, t),
+        (size_s, t, b, g, r, d),
         (block_s, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dq_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
@@ -9445,41 +8358,28 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     operand_smem,
     barrier,
     *,
-    b,
     g,
     r,
     size_s,
     d,
     t,
-    block_s,
     block_t,
-    block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    block_s, block_d = dq_smem.shape
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
     )
-    plgpu.barrier_wait(barrier.at[1])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
     )
-    plgpu.barrier_wait(barrier.at[2])
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
     )
-    plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -9506,18 +8406,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     (acc_t,) = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
@@ -9530,29 +8419,22 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.copy_smem_to_gmem(
-        delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    rt.mgpu_copy_out(
+        (dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+        (delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
+    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -9561,39 +8443,20 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
-            _gqa_backward_dq_mosaic_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
+            _gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=4),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
@@ -9831,47 +8694,23 @@ def _gqa_backward_dkdv_tpu(
 
 
 def _gqa_backward_dkdv_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_r_ref,
-    dv_r_ref,
-    *,
-    b,
-    g,
-    r,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    block_d,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *, t, d, size_s, block_s
 ):
+    block_t, block_d = dk_r_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
-    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, (in_t, in_d), other=0)
+    v = rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
         in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = rt.load(
-            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        do = rt.load(
-            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        lse = rt.load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
-        delta = rt.load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
-        )
+        q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
+        delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * 0.088388
@@ -9904,14 +8743,14 @@ def _gqa_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    rt.store(dv_r_ref, acc_s, rt.mask((block_t, block_d), in_t, in_d))
-    rt.store(dk_r_ref, acc_s_2, rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_r_ref, acc_s, (in_t, in_d))
+    rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, G,
+# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -9936,27 +8775,15 @@ def _gqa_backward_dkdv_gpu(
     interpret,
 ):
     """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dkdv_gpu_options,
-        (b, g, r, t, d, size_s),
+        (t, size_s, b, g, r, d),
         (block_t, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dkdv_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
-        ),
+        functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
         # One program per element of B, element of G, element of R, block of T; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of S itself, carrying running values.
@@ -10012,33 +8839,17 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     operand_smem_2,
     barrier,
     *,
-    b,
     g,
     r,
     t,
-    d,
     size_s,
-    block_t,
     block_s,
-    block_d,
 ):
-    program = jax.lax.axis_index("programs")
-    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
-    program = jax.lax.div(program, pl.cdiv(t, block_t))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
+    block_t, block_d = dk_r_smem.shape
+    b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, block_t))
     t_start = t_block * block_t
-    plgpu.copy_gmem_to_smem(
-        k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    plgpu.copy_gmem_to_smem(
-        v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
+    rt.mgpu_copy_in(v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -10067,16 +8878,8 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
+            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
         ],
@@ -10093,31 +8896,22 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     )
     dv_r_smem[...] = acc_s
     dk_r_smem[...] = acc_s_2
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
+    rt.mgpu_copy_out(
+        (dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
+        (dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
     )
-    plgpu.copy_smem_to_gmem(
-        dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
-    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_s = 64
+    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
         raise ValueError(
             f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_t = t + -t % block_t
-    padded_size_s = size_s + -size_s % block_s
+    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -10126,40 +8920,19 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
         functools.partial(
-            _gqa_backward_dkdv_mosaic_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            block_d=block_d,
+            _gqa_backward_dkdv_mosaic_gpu_kernel, g=g, r=r, t=t, size_s=size_s, block_s=block_s
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
-            plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_d), jnp.float32),
+            rt.mgpu_smem((block_t, block_d), jnp.float32),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * g * r * pl.cdiv(t, block_t),),
@@ -10334,23 +9107,8 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
     )(dk_r, dv_r)
 
 
-def _gqa_backward_over_r_gpu_kernel(
-    dk_r_ref,
-    dv_r_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    b,
-    g,
-    t,
-    d,
-    block_b,
-    block_g,
-    block_t,
-    block_d,
-    r,
-    block_r,
-):
+def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, t, d, r, block_r):
+    block_b, block_g, _, block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
@@ -10358,14 +9116,8 @@ def _gqa_backward_over_r_gpu_kernel(
     in_d = rt.inside(pl.program_id(3) * block_d, block_d, d)
     in_r = rt.inside(0, block_r, r)
     inside = rt.mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
-    dk_r = rt.load(
-        dk_r_ref,
-        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
-    )
-    dv_r = rt.load(
-        dv_r_ref,
-        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
-    )
+    dk_r = rt.load(dk_r_ref, (in_b, in_g, in_r, in_t, in_d))
+    dv_r = rt.load(dv_r_ref, (in_b, in_g, in_r, in_t, in_d))
     rt.store(
         dk_ref,
         jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
@@ -10379,9 +9131,10 @@ def _gqa_backward_over_r_gpu_kernel(
 
 
 # GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, G, R, T, D) shown (the spec's .tuning.json file), the
-# entry nearest the call's sizes winning. None: any other GPU (the spec's).
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu` timed best
+# at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the nearest entry winning;
+# None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
 
 
@@ -10403,29 +9156,15 @@ def _gqa_backward_over_r_gpu(
     interpret,
 ):
     """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.gpu_options(
+    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _gqa_backward_over_r_gpu_options,
-        (b, g, r, t, d),
+        (b, g, t, d, r),
         (block_b, block_g, block_t, block_d, num_warps, num_stages),
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_g = min(block_g, pl.next_power_of_2(g))  # a small G is one block
-    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
-    block_d = min(block_d, pl.next_power_of_2(d))  # a small D is one block
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
-            _gqa_backward_over_r_gpu_kernel,
-            b=b,
-            g=g,
-            t=t,
-            d=d,
-            block_b=block_b,
-            block_g=block_g,
-            block_t=block_t,
-            block_d=block_d,
-            r=r,
-            block_r=block_r,
+            _gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r
         ),
         # One program per block of B, block of G, block of T, block of D; programs run
         # concurrently. Each holds all of R (one block of the next power of two).
@@ -10480,17 +9219,9 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         reduce,
         grid=(r,),
         in_specs=[
-            plgpu.BlockSpec(
-                (None, block_t, block_d),
-                lambda s: (s, program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
-            ),
-            plgpu.BlockSpec(
-                (None, block_t, block_d),
-                lambda s: (s, program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
-            ),
-        ],
+            rt.mgpu_spec((None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32)
+        ]
+        * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
@@ -10508,31 +9239,16 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         write,
         grid=(1,),
         in_specs=[],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda s: (program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda s: (program_t, program_d),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
+        out_specs=[rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16)]
+        * 2,
     )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
 
 
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
-    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_t = 64
-    block_d = 128
-    padded_t = t + -t % 8
-    padded_d = d + -d % block_d
+    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_t, block_d = 64, 128
+    padded_t, padded_d = t + -t % 8, d + -d % block_d
     dk_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
     dv_r = rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
     dk, dv = plgpu.kernel(
@@ -10664,7 +9380,8 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     )(x, w)
 
 
-def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k, block_n):
+def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -10673,12 +9390,8 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
         k_start = index * block_k
         in_k = rt.inside(k_start, block_k, k)
         (acc_k,) = running
-        x = rt.load(
-            x_ref.at[:, pl.ds(k_start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        w = rt.load(
-            w_ref.at[pl.ds(k_start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        w = rt.load(w_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
         acc_k_lhs = x
         acc_k_rhs = w
         if k % block_k:  # a ragged K: both operands 0 past its end, never padding
@@ -10690,50 +9403,33 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
     (acc_k,) = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),)
     )
-    rt.store(
-        y_ref,
-        rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1),
-        rt.mask((block_m, block_n), in_m, in_n),
-    )
+    rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N)
+# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_softmax_gpu_options, (m, n, k), (block_m, block_k, num_warps, num_stages)
+    block_m, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two). Each loops over the blocks of K itself, carrying
         # running values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i0: (0, 0)),
+            pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i0: (0, 0)),  # w: bf16[K, N]
         ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0: (i0, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i0: (i0, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -10744,12 +9440,10 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
 def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, w_smem):
             plgpu.wgmma(product_ref, x_smem, w_smem)
             plgpu.wgmma_wait(0)
@@ -10758,16 +9452,8 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
@@ -10775,48 +9461,35 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
         out_smem[...] = product
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_softmax_stage_1",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_stage_1_mosaic_gpu_kernel,
@@ -10827,9 +9500,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -10857,13 +9528,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(acc_ref)
@@ -10884,13 +9549,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(acc_ref)
@@ -10913,41 +9572,24 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     plgpu.emit_pipeline(
         write,
         grid=(acc_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(acc_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
-    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -10956,8 +9598,8 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
 
 
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
-    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
+    stages in turn, the arrays between them in global memory."""
     acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
     y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
@@ -11072,7 +9714,8 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
     )(y, dy)
 
 
-def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, n, block_n):
+def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
+    block_m, block_n = dacc_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -11088,35 +9731,29 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, 
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_matmul_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -11145,18 +9782,7 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(y_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(y_ref, dy_ref)
@@ -11181,47 +9807,24 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(y_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(y_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dacc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -11345,9 +9948,8 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-def _matmul_softmax_backward_x_gpu_kernel(
-    dacc_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -11356,12 +9958,8 @@ def _matmul_softmax_backward_x_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dacc = rt.load(
-            dacc_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -11372,10 +9970,10 @@ def _matmul_softmax_backward_x_gpu_kernel(
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -11383,35 +9981,22 @@ def _matmul_softmax_backward_x_gpu(
     dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dacc: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N], read transposed
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -11422,8 +10007,7 @@ def _matmul_softmax_backward_x_gpu(
 def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, w_smem):
@@ -11434,16 +10018,8 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref, w_ref)
@@ -11451,50 +10027,41 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_x_mosaic_gpu(
     dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_softmax_backward_x_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_softmax_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dacc, w = rt.mgpu_pad(dacc, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_x_mosaic_gpu_kernel,
@@ -11505,9 +10072,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -11628,9 +10193,8 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-def _matmul_softmax_backward_w_gpu_kernel(
-    x_ref, dacc_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
+    block_k, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -11639,12 +10203,8 @@ def _matmul_softmax_backward_w_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dacc = rt.load(
-            dacc_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dacc = rt.load(dacc_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -11655,10 +10215,10 @@ def _matmul_softmax_backward_w_gpu_kernel(
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -11666,35 +10226,22 @@ def _matmul_softmax_backward_w_gpu(
     x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_softmax_backward_w_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dacc: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -11705,8 +10252,7 @@ def _matmul_softmax_backward_w_gpu(
 def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, dacc_smem):
@@ -11717,16 +10263,8 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
@@ -11734,51 +10272,38 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_w_mosaic_gpu(
     x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_softmax_backward_w_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_softmax_backward_w",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
+    x, dacc = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dacc, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_w_mosaic_gpu_kernel,
@@ -11789,9 +10314,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -11896,14 +10419,15 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     )(x, g, w)
 
 
-def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
+def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     in_k = rt.inside(0, block_k, k)
-    x = rt.load(x_ref, rt.mask((block_m, block_k), in_m, in_k), other=0)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k), other=0)
-    w = rt.load(w_ref, rt.mask((block_k, block_n), in_k, in_n), other=0)
+    x = rt.load(x_ref, (in_m, in_k), other=0)
+    g = rt.load(g_ref, (None, in_k), other=0)
+    w = rt.load(w_ref, (in_k, in_n), other=0)
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
@@ -11918,48 +10442,34 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
             w,
             preferred_element_type=jnp.float32,
         ).astype(jnp.bfloat16),
-        rt.mask((block_m, block_n), in_m, in_n),
+        (in_m, in_n),
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
-# sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K)
+# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
-        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages)
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
+        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; programs run concurrently. Each holds all of
         # K (one block of the next power of two).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),
-            # g: f32[K]
-            pl.BlockSpec((1, block_k), lambda i0, i1: (0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (0, i1)),
+            pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i0, i1: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((block_k, block_n), lambda i0, i1: (0, i1)),  # w: bf16[K, N]
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i0, i1: (i0, i1)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -11988,13 +10498,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
     (mean_k_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -12021,11 +10525,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -12034,30 +10534,17 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
-    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
+    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -12068,8 +10555,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
 def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, w_smem):
@@ -12080,16 +10566,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
@@ -12097,47 +10575,35 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n
     rt.mgpu_check_choices(
-        "rmsnorm_matmul_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 2 * block_m * block_n, 232448),
+        "rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_2_mosaic_gpu_kernel,
@@ -12148,9 +10614,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -12161,8 +10625,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 
 
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
+    stages in turn, the arrays between them in global memory."""
     lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
     y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
@@ -12308,51 +10772,45 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
     )(x, g)
 
 
-def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, block_m, k, block_k):
+def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
+    block_m, block_k = lhs_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
     x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
+    g = rt.load(g_ref, (None, in_k))
     h = x.astype(jnp.float32)
     mean_k = jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
-    rt.store(mean_k_ref, mean_k, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_k_ref, mean_k, (in_m, None))
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
     """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_lhs_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
         ],
         out_specs=(
-            # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -12385,13 +10843,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
     (mean_over_k_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -12422,11 +10874,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -12435,18 +10883,11 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
+    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     lhs, mean_k = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -12457,11 +10898,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -12590,9 +11027,8 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     )(dy, w)
 
 
-def _rmsnorm_matmul_backward_lhs_gpu_kernel(
-    dy_ref, w_ref, dlhs_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n, block_n):
+    block_m, block_k = dlhs_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -12601,12 +11037,8 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(
-            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -12617,10 +11049,10 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -12628,35 +11060,22 @@ def _rmsnorm_matmul_backward_lhs_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_lhs_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_backward_lhs_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_rmsnorm_matmul_backward_lhs_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N], read transposed
         ],
-        # dlhs: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -12667,8 +11086,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, w_smem):
@@ -12679,16 +11097,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
@@ -12696,50 +11106,41 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_lhs",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
     (dlhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel,
@@ -12750,9 +11151,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -12873,9 +11272,8 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )(lhs, dy)
 
 
-def _rmsnorm_matmul_backward_w_gpu_kernel(
-    lhs_ref, dy_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, block_m):
+    block_k, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -12884,12 +11282,8 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        lhs = rt.load(
-            lhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dy = rt.load(
-            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        lhs = rt.load(lhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -12900,10 +11294,10 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -12911,35 +11305,22 @@ def _rmsnorm_matmul_backward_w_gpu(
     lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_backward_w_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_rmsnorm_matmul_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # lhs: bf16[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # lhs: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dy: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -12950,8 +11331,7 @@ def _rmsnorm_matmul_backward_w_gpu(
 def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, dy_smem):
@@ -12962,16 +11342,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, dy_ref)
@@ -12979,51 +11351,38 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_w_mosaic_gpu(
     lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "rmsnorm_matmul_backward_w",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
-    lhs = rt.mgpu_pad(lhs, (padded_k, padded_m))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    lhs, dy = rt.mgpu_pad(lhs, (padded_k, padded_m)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_w_mosaic_gpu_kernel,
@@ -13034,9 +11393,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -13136,16 +11493,15 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
     )(x, g, mean_k, dlhs)
 
 
-def _rmsnorm_matmul_lhs_backward_gpu_kernel(
-    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, block_m, k, block_k
-):
+def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
     x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
-    mean_k = rt.load(mean_k_ref, rt.mask((block_m, 1), in_m, None))
+    g = rt.load(g_ref, (None, in_k))
+    mean_k = rt.load(mean_k_ref, (in_m, None))
     dlhs = rt.load(dlhs_ref, inside)
     h = x.astype(jnp.float32)
     lhs_2 = mean_k + 1e-06
@@ -13161,10 +11517,10 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -13172,30 +11528,22 @@ def _rmsnorm_matmul_lhs_backward_gpu(
     x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -13218,10 +11566,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
     k,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0])
     mean_k = rt.mgpu_load_vector(mean_k_smem, 0)
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)
@@ -13247,17 +11592,9 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -13292,17 +11629,9 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, g_ref, dlhs_ref)
@@ -13310,20 +11639,12 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    g = g.reshape((k,))
-    g = rt.mgpu_pad(g, (padded_k,))
-    mean_k = mean_k.reshape((m,))
-    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
+    mean_k = rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -13333,11 +11654,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_k),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -13471,8 +11788,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m, block_k
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m
 ):
+    _, block_k = dg_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     inside = rt.mask((1, block_k), None, in_k)
@@ -13481,11 +11799,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k))
-        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dlhs = rt.load(
-            dlhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k)
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
+        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dlhs = rt.load(dlhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
         h = x.astype(jnp.float32)
         lhs_1 = mean_k + 1e-06
         lhs_2 = jax.lax.rsqrt(lhs_1)
@@ -13504,10 +11820,10 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
     rt.store(dg_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -13515,34 +11831,24 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_over_m_gpu_options,
         (m, k),
         (block_m, block_k, num_warps, num_stages),
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_k = min(block_k, pl.next_power_of_2(k))  # a small K is one block
     return pl.pallas_call(
         functools.partial(
-            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel,
-            m=m,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
+            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m
         ),
         # One program per block of K; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(k, block_k),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i: (0, i)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i: (0, i)),
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),  # x: bf16[M, K]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),  # dlhs: bf16[M, K]
         ],
-        # dg: f32[K], broadcast over M
-        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -13578,17 +11884,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (s, program_k),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (s, program_k),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
+            rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_k, 0.0, jnp.float32, 1),),
@@ -13596,24 +11894,16 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dg = sum_m
     dg_smem[...] = dg
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)]))
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_k = 128
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    mean_k = mean_k.reshape((m,))
-    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_k = 64, 128
+    padded_m, padded_k = m + -m % block_m, k + -k % block_k
+    x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dg,) = plgpu.kernel(
         functools.partial(

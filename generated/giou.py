@@ -93,22 +93,9 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
 
 
 def _giou_gpu_kernel(
-    ax1_ref,
-    ay1_ref,
-    ax2_ref,
-    ay2_ref,
-    bx1_ref,
-    by1_ref,
-    bx2_ref,
-    by2_ref,
-    giou_ref,
-    *,
-    b,
-    n,
-    block_b,
-    block_n,
-    eps,
+    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, b, n, eps
 ):
+    block_b, block_n = giou_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -133,10 +120,10 @@ def _giou_gpu_kernel(
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -160,35 +147,24 @@ def _giou_gpu(
     interpret,
 ):
     """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = rt.gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_giou_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        functools.partial(_giou_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
         ],
-        # giou: f32[B, N]
-        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -211,8 +187,7 @@ def _giou_mosaic_gpu_kernel(
     block_n,
     eps,
 ):
-    program_b = jax.lax.axis_index("B")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("N")
 
     def step(
         _, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem
@@ -239,76 +214,21 @@ def _giou_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 8,
+        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)],
     )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
 
 
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
-    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_b = 64
-    block_n = 64
-    padded_b = b + -b % 8
-    padded_n = n + -n % block_n
-    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
+    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_b, block_n = 64, 64
+    padded_b, padded_n = b + -b % 8, n + -n % block_n
+    ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     (giou,) = plgpu.kernel(
         functools.partial(_giou_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
@@ -626,10 +546,9 @@ def _giou_backward_gpu_kernel(
     *,
     b,
     n,
-    block_b,
-    block_n,
     eps,
 ):
+    block_b, block_n = dax1_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -750,10 +669,10 @@ def _giou_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -778,54 +697,33 @@ def _giou_backward_gpu(
     interpret,
 ):
     """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = rt.gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _giou_backward_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
-        ),
+        functools.partial(_giou_backward_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
-            # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dgiou: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dgiou: f32[B, N]
         ],
         out_specs=(
-            # dax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # day2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dbx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
-            # dby2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby2: f32[B, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
@@ -866,8 +764,7 @@ def _giou_backward_mosaic_gpu_kernel(
     block_n,
     eps,
 ):
-    program_b = jax.lax.axis_index("B")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("N")
 
     def step(
         _,
@@ -1007,95 +904,10 @@ def _giou_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_b, block_n),
-                lambda _: (program_b, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 9,
+        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
+        * 8,
     )(
         ax1_ref,
         ay1_ref,
@@ -1120,23 +932,14 @@ def _giou_backward_mosaic_gpu_kernel(
 def _giou_backward_mosaic_gpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret
 ):
-    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_b = 64
-    block_n = 32
-    padded_b = b + -b % 8
-    padded_n = n + -n % block_n
-    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
+    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_b, block_n = 64, 32
+    padded_b, padded_n = b + -b % 8, n + -n % block_n
+    ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     dgiou = rt.mgpu_pad(dgiou, (padded_b, padded_n))
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
         functools.partial(

@@ -138,8 +138,9 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
 
 
 def _cross_entropy_with_residuals_gpu_kernel(
-    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_m, block_v
+    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v
 ):
+    block_m, _ = loss_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -149,9 +150,7 @@ def _cross_entropy_with_residuals_gpu_kernel(
         logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = running
         start = index * block_v
         in_v = rt.inside(start, block_v, v)
-        logits = rt.load(
-            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
-        )
+        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
@@ -184,10 +183,10 @@ def _cross_entropy_with_residuals_gpu_kernel(
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -195,29 +194,21 @@ def _cross_entropy_with_residuals_gpu(
     logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
         ],
         out_specs=(
-            # loss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -244,10 +235,7 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     v,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
     label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
@@ -281,13 +269,7 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -301,27 +283,19 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(
-        logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]
+    rt.mgpu_copy_out(
+        (loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]),
+        (logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]),
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % block_m
-    padded_v = v + -v % block_v
+    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
         functools.partial(
             _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
@@ -481,7 +455,8 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     )(logits, label)
 
 
-def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m, block_v):
+def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v):
+    block_m, _ = loss_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -491,9 +466,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
         logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
         start = index * block_v
         in_v = rt.inside(start, block_v, v)
-        logits = rt.load(
-            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
-        )
+        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
@@ -524,33 +497,28 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
-        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
+        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
         ],
-        # loss: f32[M], broadcast over V
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -562,10 +530,7 @@ def _cross_entropy_mosaic_gpu_kernel(
     logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
     label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
@@ -597,13 +562,7 @@ def _cross_entropy_mosaic_gpu_kernel(
     logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -615,24 +574,16 @@ def _cross_entropy_mosaic_gpu_kernel(
     sum_v = sum_v_running
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % block_m
-    padded_v = v + -v % block_v
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
@@ -774,16 +725,17 @@ def _cross_entropy_backward_tpu(
 
 
 def _cross_entropy_backward_gpu_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v
 ):
+    block_m, block_v = dlogits_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
     inside = rt.mask((block_m, block_v), in_m, in_v)
     logits = rt.load(logits_ref, inside)
-    label = rt.load(label_ref, rt.mask((block_m, 1), in_m, None))
-    logsumexp_v = rt.load(logsumexp_v_ref, rt.mask((block_m, 1), in_m, None))
-    dloss = rt.load(dloss_ref, rt.mask((block_m, 1), in_m, None))
+    label = rt.load(label_ref, (in_m, None))
+    logsumexp_v = rt.load(logsumexp_v_ref, (in_m, None))
+    dloss = rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
     loss_1 = (
         pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
@@ -792,10 +744,10 @@ def _cross_entropy_backward_gpu_kernel(
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -803,29 +755,22 @@ def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
-        functools.partial(
-            _cross_entropy_backward_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_backward_gpu_kernel, m=m, v=v),
         # One program per block of M, block of V; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dloss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
+            pl.BlockSpec(
+                (block_m, 1), lambda i, j: (i, 0)
+            ),  # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
-        # dlogits: bf16[M, V]
-        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -836,8 +781,7 @@ def _cross_entropy_backward_gpu(
 def _cross_entropy_backward_mosaic_gpu_kernel(
     logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_m, block_v
 ):
-    program_m = jax.lax.axis_index("M")
-    program_v = jax.lax.axis_index("V")
+    program_m, program_v = jax.lax.axis_index("M"), jax.lax.axis_index("V")
 
     def step(_, logits_smem, label_smem, logsumexp_v_smem, dloss_smem, dlogits_smem):
         logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
@@ -853,42 +797,26 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda _: (program_m, program_v),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            ),
+            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda _: (program_m, program_v),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
+            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)
         ],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % 8
-    padded_v = v + -v % block_v
+    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_v = 64, 128
+    padded_m, padded_v = m + -m % 8, v + -v % block_v
     logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
-    logsumexp_v = logsumexp_v.reshape((m,))
-    logsumexp_v = rt.mgpu_pad(logsumexp_v, (padded_m,))
-    dloss = dloss.reshape((m,))
-    dloss = rt.mgpu_pad(dloss, (padded_m,))
+    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))
+    dloss = rt.mgpu_pad(dloss.reshape((m,)), (padded_m,))
     (dlogits,) = plgpu.kernel(
         functools.partial(
             _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v

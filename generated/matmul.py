@@ -88,7 +88,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -97,48 +98,36 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
+        functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -149,8 +138,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
 def _matmul_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -161,16 +149,8 @@ def _matmul_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -178,48 +158,36 @@ def _matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_mosaic_gpu_kernel,
@@ -230,9 +198,7 @@ def _matmul_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -361,7 +327,8 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
     )(dz, y)
 
 
-def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -370,12 +337,8 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dz = rt.load(dz_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
         return acc + jax.lax.dot_general(
             dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -386,10 +349,10 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     rt.store(dx_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -397,35 +360,22 @@ def _matmul_backward_x_gpu(
     dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # y: f32[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N], read transposed
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -436,8 +386,7 @@ def _matmul_backward_x_gpu(
 def _matmul_backward_x_mosaic_gpu_kernel(
     dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dz_smem, y_smem):
@@ -448,16 +397,8 @@ def _matmul_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dz_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(dz_ref, y_ref)
@@ -465,48 +406,35 @@ def _matmul_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_x_mosaic_gpu(
     dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+        "matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_x_mosaic_gpu_kernel,
@@ -517,9 +445,7 @@ def _matmul_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -627,7 +553,8 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
     )(x, dz)
 
 
-def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, block_n, block_m):
+def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -636,12 +563,8 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         return acc + jax.lax.dot_general(
             x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -652,10 +575,10 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     rt.store(dy_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -663,35 +586,22 @@ def _matmul_backward_y_gpu(
     x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dz: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: f32[M, K], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: f32[M, N]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -702,8 +612,7 @@ def _matmul_backward_y_gpu(
 def _matmul_backward_y_mosaic_gpu_kernel(
     x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, dz_smem):
@@ -714,16 +623,8 @@ def _matmul_backward_y_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, dz_ref)
@@ -731,50 +632,37 @@ def _matmul_backward_y_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_y_mosaic_gpu(
     x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
+    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_backward_y",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+        "matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    dz = rt.mgpu_pad(dz, (padded_n, padded_m))
+    x, dz = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel,
@@ -785,9 +673,7 @@ def _matmul_backward_y_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -906,9 +792,8 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
     )(x, y)
 
 
-def _matmul_relu_with_residuals_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
-):
+def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -917,12 +802,8 @@ def _matmul_relu_with_residuals_gpu_kernel(
     def accumulate(step, product):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     product = jax.lax.fori_loop(
@@ -933,10 +814,10 @@ def _matmul_relu_with_residuals_gpu_kernel(
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -944,38 +825,24 @@ def _matmul_relu_with_residuals_gpu(
     x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_with_residuals_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
         out_specs=(
-            # z: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
@@ -990,12 +857,10 @@ def _matmul_relu_with_residuals_gpu(
 def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem.T)
             plgpu.wgmma_wait(0)
@@ -1004,16 +869,8 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -1023,59 +880,46 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
+        (
+            acc_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
     )
-    plgpu.copy_smem_to_gmem(
-        acc_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
     rt.mgpu_check_choices(
         "matmul_relu_with_residuals",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (4 * block_m * block_k + 4 * block_n * block_k)
-            + 4 * block_m * block_n
-            + 4 * block_m * block_n,
-            232448,
-        ),
+        "M N K",
+        (block_m, block_n, block_k, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_relu_with_residuals_mosaic_gpu_kernel,
@@ -1089,12 +933,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -1206,7 +1046,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1215,54 +1056,36 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1273,8 +1096,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 def _matmul_relu_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -1285,16 +1107,8 @@ def _matmul_relu_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -1302,48 +1116,36 @@ def _matmul_relu_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_relu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_mosaic_gpu_kernel,
@@ -1354,9 +1156,7 @@ def _matmul_relu_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -1493,9 +1293,8 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     )(acc, dz, y)
 
 
-def _matmul_relu_backward_x_gpu_kernel(
-    acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
-):
+def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -1504,15 +1303,9 @@ def _matmul_relu_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = rt.load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = dacc
         acc_n_rhs = y
@@ -1527,13 +1320,13 @@ def _matmul_relu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n, rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -1541,37 +1334,23 @@ def _matmul_relu_backward_x_gpu(
     acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: f32[K, N]
         ],
-        # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1582,8 +1361,7 @@ def _matmul_relu_backward_x_gpu(
 def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     acc_ref, dz_ref, lhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -1594,40 +1372,18 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, lhs_ref)
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -1643,8 +1399,7 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -1655,16 +1410,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
@@ -1672,50 +1419,41 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_relu_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -1726,9 +1464,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -1875,9 +1611,8 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_gpu_kernel(
-    acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
-):
+def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1886,15 +1621,9 @@ def _matmul_relu_backward_y_gpu_kernel(
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        acc = rt.load(
-            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_m_lhs = x
         acc_m_rhs = dacc
@@ -1909,13 +1638,13 @@ def _matmul_relu_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    rt.store(dy_ref, acc_m, rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -1923,37 +1652,23 @@ def _matmul_relu_backward_y_gpu(
     acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # dz: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # x: f32[M, K]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: f32[M, N]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: f32[M, K]
         ],
-        # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1964,8 +1679,7 @@ def _matmul_relu_backward_y_gpu(
 def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     acc_ref, dz_ref, rhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -1976,40 +1690,18 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, rhs_ref)
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2025,8 +1717,7 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -2037,16 +1728,8 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.float32),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.float32),
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
@@ -2054,52 +1737,43 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
         "matmul_relu_backward_y_stage_2",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (8, 16, 32),
+        smem_bytes,
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (padded_n, padded_m))
+    x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel,
@@ -2110,9 +1784,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -2275,8 +1947,9 @@ def _matmul_bias_gelu_with_residuals_tpu(
 
 
 def _matmul_bias_gelu_with_residuals_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k
 ):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -2285,27 +1958,23 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     def accumulate(step, product):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -2313,40 +1982,27 @@ def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
-            _matmul_bias_gelu_with_residuals_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
+            _matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k
         ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
         out_specs=(
-            # z: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
@@ -2374,12 +2030,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    def accumulate(
-        product_ref,
-    ):  # the accumulator in registers, for this block's K steps and epilogue
+    # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(product_ref):
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem)
             plgpu.wgmma_wait(0)
@@ -2388,23 +2042,12 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         product = product_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         acc = product
@@ -2412,61 +2055,46 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
+        (
+            acc_smem,
+            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        ),
     )
-    plgpu.copy_smem_to_gmem(
-        acc_smem,
-        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
         "matmul_bias_gelu_with_residuals",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "M N K",
+        (block_m, block_n, block_k, stages),
+        (64,),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
@@ -2480,12 +2108,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
         ),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -2619,9 +2243,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
-):
+def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -2630,23 +2253,19 @@ def _matmul_bias_gelu_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -2654,35 +2273,23 @@ def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_bias_gelu_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # z: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2704,8 +2311,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -2716,76 +2322,47 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         acc = acc_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_mosaic_gpu_kernel,
@@ -2796,9 +2373,7 @@ def _matmul_bias_gelu_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -2964,8 +2539,9 @@ def _matmul_bias_gelu_backward_x_tpu(
 
 
 def _matmul_bias_gelu_backward_x_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n
 ):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -2974,18 +2550,10 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = rt.load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        bias = rt.load(
-            bias_ref.at[:, pl.ds(n_start, block_n)], rt.mask((1, block_n), None, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        bias = rt.load(bias_ref.at[:, pl.ds(n_start, block_n)], (None, in_n), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -3006,13 +2574,13 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -3020,39 +2588,24 @@ def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over
         # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # bias: f32[N]
-            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),  # bias: f32[N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: bf16[K, N]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3063,8 +2616,7 @@ def _matmul_bias_gelu_backward_x_gpu(
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -3083,41 +2635,23 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
@@ -3134,8 +2668,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -3146,16 +2679,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
@@ -3163,50 +2688,42 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -3217,9 +2734,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -3414,26 +2929,21 @@ def _matmul_bias_gelu_backward_y_tpu(
 
 
 def _matmul_bias_gelu_backward_y_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_k, block_n, block_m
+    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m
 ):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n), other=0)
+    bias = rt.load(bias_ref, (None, in_n), other=0)
 
     def accumulate(index, running):
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         acc_m, sum_m = running
-        acc = rt.load(
-            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -3461,14 +2971,14 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         accumulate,
         (jnp.full((block_k, block_n), 0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
-    rt.store(dbias_ref, sum_m, rt.mask((1, block_n), None, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
+    rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -3476,42 +2986,26 @@ def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_gpu_kernel,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over
         # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # bias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # bias: f32[N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: bf16[M, N]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: bf16[M, K]
         ],
         out_specs=(
-            # dy: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
-            # dbias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
+            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # dbias: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
@@ -3527,10 +3021,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
 ):
     program_n = jax.lax.axis_index("N")
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, acc_smem, dz_smem, carry):
@@ -3556,16 +3047,8 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         reduce_1,
         grid=(acc_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
@@ -3573,24 +3056,16 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
@@ -3615,8 +3090,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
@@ -3635,41 +3109,23 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
@@ -3686,8 +3142,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -3698,16 +3153,8 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
@@ -3715,51 +3162,43 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_y_stage_3",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (64,),
+        smem_bytes,
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (padded_m, padded_n))
+    x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel,
@@ -3770,9 +3209,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_k // block_k, padded_n // block_n),
@@ -3930,7 +3367,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, y)
 
 
-def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -3939,54 +3377,39 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _matmul_int8_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+        (16, 16, 32),
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(32, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _matmul_int8_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: i8[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: i8[K, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3997,8 +3420,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 def _matmul_int8_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -4009,16 +3431,8 @@ def _matmul_int8_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.int8),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.int8),
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
@@ -4026,48 +3440,36 @@ def _matmul_int8_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
 def _matmul_int8_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_int8",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (32, 64, 128)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (1 * block_m * block_k + 1 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_int8_mosaic_gpu_kernel,
@@ -4077,12 +3479,7 @@ def _matmul_int8_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.int32, transforms=rt.mgpu_swizzled(jnp.int32, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.int32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -4213,7 +3610,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     )(x, y)
 
 
-def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
@@ -4222,22 +3620,18 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -4245,32 +3639,20 @@ def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _batched_matmul_gpu_options,
-        (b, m, n, k),
+        (m, n, k, b),
         (block_m, block_n, block_k, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
+        functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per element of B, block of M, block of N; each loops over K itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),  # y: bf16[B, K, N]
         ],
         # z: f32[B, M, N]
         out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
@@ -4297,16 +3679,8 @@ def _batched_matmul_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
@@ -4314,51 +3688,37 @@ def _batched_matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        z_ref.at[
-            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            z_ref.at[
+                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_mosaic_gpu(
     x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices(
-        "batched_matmul",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+        "batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (b, padded_m, padded_k))
-    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_mosaic_gpu_kernel,
@@ -4369,9 +3729,7 @@ def _batched_matmul_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_m // block_m, padded_n // block_n),
@@ -4508,9 +3866,8 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
     )(dz, y)
 
 
-def _batched_matmul_backward_x_gpu_kernel(
-    dz_ref, y_ref, dx_ref, *, b, m, k, n, block_m, block_k, block_n
-):
+def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
@@ -4519,12 +3876,8 @@ def _batched_matmul_backward_x_gpu_kernel(
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        dz = rt.load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        y = rt.load(
-            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = dacc
         acc_n_rhs = y
@@ -4539,13 +3892,13 @@ def _batched_matmul_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4553,33 +3906,20 @@ def _batched_matmul_backward_x_gpu(
     dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_x_gpu_options,
-        (b, m, k, n),
+        (m, k, n, b),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_x_gpu_kernel,
-            b=b,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per element of B, block of M, block of K; programs run concurrently.
         # Each loops over the blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),
+            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),  # y: bf16[B, K, N]
         ],
         # dx: bf16[B, M, K]
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),
@@ -4603,33 +3943,19 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
+    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
@@ -4659,16 +3985,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
             step,
             grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(lhs_ref.at[program_b], y_ref.at[program_b])
@@ -4676,53 +3994,44 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[
-            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[
+                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, stages),
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "batched_matmul_backward_x_stage_2",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "M K N",
+        (block_m, block_k, block_n, stages),
+        (16, 32, 64),
+        smem_bytes,
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    lhs = rt.mgpu_pad(lhs, (b, padded_m, padded_n))
-    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel,
@@ -4733,9 +4042,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_m // block_m, padded_k // block_k),
@@ -4881,9 +4188,8 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
     )(dz, x)
 
 
-def _batched_matmul_backward_y_gpu_kernel(
-    dz_ref, x_ref, dy_ref, *, b, k, n, m, block_k, block_n, block_m
-):
+def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
+    block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
@@ -4892,12 +4198,8 @@ def _batched_matmul_backward_y_gpu_kernel(
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        dz = rt.load(
-            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_m_lhs = x
         acc_m_rhs = dacc
@@ -4912,13 +4214,13 @@ def _batched_matmul_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
+# N, M, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -4926,33 +4228,20 @@ def _batched_matmul_backward_y_gpu(
     dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_y_gpu_options,
-        (b, k, n, m),
+        (k, n, m, b),
         (block_k, block_n, block_m, num_warps, num_stages),
+        16,
     )
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_y_gpu_kernel,
-            b=b,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
+        functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per element of B, block of K, block of N; programs run concurrently.
         # Each loops over the blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),
+            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),  # x: bf16[B, M, K]
         ],
         # dy: bf16[B, K, N]
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),
@@ -4976,33 +4265,19 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
         ],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
+    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
@@ -5032,16 +4307,8 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
+                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], rhs_ref.at[program_b])
@@ -5049,54 +4316,45 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[
-            program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dy_ref.at[
+                program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
+    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, stages),
     )
+    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
         "batched_matmul_backward_y_stage_2",
-        {
-            "mgpu_block_k": (block_k, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_k * block_n, 16384),
-        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+        "K N M",
+        (block_k, block_n, block_m, stages),
+        (64,),
+        smem_bytes,
     )
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
+    padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = rt.mgpu_pad(x, (b, padded_k, padded_m))
-    rhs = rt.mgpu_pad(rhs, (b, padded_m, padded_n))
+    x, rhs = rt.mgpu_pad(x, (b, padded_k, padded_m)), rt.mgpu_pad(rhs, (b, padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel,
@@ -5107,9 +4365,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_k // block_k, padded_n // block_n),
@@ -5234,7 +4490,8 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     )(q, k)
 
 
-def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, block_d, scale):
+def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
+    block_s, block_t = s_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -5243,12 +4500,8 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, b
     def accumulate(step, acc):
         start = step * block_d
         in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
-        q = rt.load(
-            q_ref.at[:, pl.ds(start, block_d)], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
-        k = rt.load(
-            k_ref.at[:, pl.ds(start, block_d)], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        q = rt.load(q_ref.at[:, pl.ds(start, block_d)], (in_s, in_d), other=0)
+        k = rt.load(k_ref.at[:, pl.ds(start, block_d)], (in_t, in_d), other=0)
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -5257,10 +4510,10 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, b
     rt.store(s_ref, acc * scale, inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
+# T, D, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -5268,29 +4521,21 @@ def _scores_gpu(
     q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, block_d, num_warps, num_stages = rt.gpu_options(
-        _scores_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, num_warps, num_stages)
+    block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
+        _scores_gpu_options,
+        (size_s, t, d, b),
+        (block_s, block_t, block_d, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     return pl.pallas_call(
         functools.partial(
-            _scores_gpu_kernel,
-            size_s=size_s,
-            t=t,
-            d=d,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
+            _scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale
         ),
         # One program per element of B, block of S, block of T; each loops over D itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
+            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
             # k: bf16[B, T, D], read transposed
             pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
         ],
@@ -5319,16 +4564,8 @@ def _scores_mosaic_gpu_kernel(
             step,
             grid=(q_ref.shape[-1] // block_d,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_s, block_d),
-                    lambda s: (program_s, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
-                plgpu.BlockSpec(
-                    (block_t, block_d),
-                    lambda s: (program_t, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_s, block_d), lambda s: (program_s, s), jnp.bfloat16),
+                rt.mgpu_spec((block_t, block_d), lambda s: (program_t, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
@@ -5336,21 +4573,20 @@ def _scores_mosaic_gpu_kernel(
         out_smem[...] = acc * scale
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        s_ref.at[
-            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            s_ref.at[
+                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -5369,30 +4605,18 @@ def _scores_mosaic_gpu(
     stages=None,
     interpret,
 ):
-    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
+    smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
     rt.mgpu_check_choices(
-        "scores",
-        {
-            "mgpu_block_s": (block_s, (64, 128)),
-            "mgpu_block_t": (block_t, (64, 128, 256)),
-            "mgpu_block_d": (block_d, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_s * block_t, 16384),
-        (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
+        "scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes
     )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
+    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     padded_d = d + -d % block_d
-    q = rt.mgpu_pad(q, (b, padded_size_s, padded_d))
-    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
+    q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
             _scores_mosaic_gpu_kernel,
@@ -5404,9 +4628,7 @@ def _scores_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_t), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_t)
-            ),
+            rt.mgpu_smem((block_s, block_t), jnp.float32),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_size_s // block_s, padded_t // block_t),
@@ -5514,9 +4736,8 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
     )(ds)
 
 
-def _scores_backward_epilogue_gpu_kernel(
-    ds_ref, dacc_ref, *, b, s, t, block_b, block_s, block_t, scale
-):
+def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
+    block_b, block_s, block_t = dacc_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
@@ -5526,10 +4747,10 @@ def _scores_backward_epilogue_gpu_kernel(
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, T) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B,
+# S, T) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
@@ -5537,31 +4758,17 @@ def _scores_backward_epilogue_gpu(
     ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_s, block_t, num_warps, num_stages = rt.gpu_options(
+    block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_epilogue_gpu_options,
         (b, s, t),
         (block_b, block_s, block_t, num_warps, num_stages),
     )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_s = min(block_s, pl.next_power_of_2(s))  # a small S is one block
-    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_epilogue_gpu_kernel,
-            b=b,
-            s=s,
-            t=t,
-            block_b=block_b,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
+        functools.partial(_scores_backward_epilogue_gpu_kernel, b=b, s=s, t=t, scale=scale),
         # One program per block of B, block of S, block of T; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # ds: f32[B, S, T]
-            pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))
-        ],
+        # ds: f32[B, S, T]
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
         # dacc: bf16[B, S, T]
         out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
@@ -5583,33 +4790,18 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_t),
-                lambda _: (program_s, program_t),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_t),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.float32)],
         out_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_t),
-                lambda _: (program_s, program_t),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
-            )
+            rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)
         ],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 128
-    padded_s = s + -s % 8
-    padded_t = t + -t % block_t
+    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_s, block_t = 64, 128
+    padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
         functools.partial(
@@ -5738,7 +4930,8 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
     )(dacc, k)
 
 
-def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, block_d, block_t):
+def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
+    block_s, block_d = dq_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
@@ -5747,12 +4940,8 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
     def accumulate(step, acc):
         start = step * block_t
         in_t = rt.inside(start, block_t, t)  # zeros past a ragged T
-        dacc = rt.load(
-            dacc_ref.at[:, pl.ds(start, block_t)], rt.mask((block_s, block_t), in_s, in_t), other=0
-        )
-        k = rt.load(
-            k_ref.at[pl.ds(start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
+        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_t)], (in_s, in_t), other=0)
+        k = rt.load(k_ref.at[pl.ds(start, block_t), :], (in_t, in_d), other=0)
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
@@ -5761,10 +4950,10 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
+# D, T, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -5772,32 +4961,20 @@ def _scores_backward_q_gpu(
     dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
 ):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_d, block_t, num_warps, num_stages = rt.gpu_options(
+    block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_q_gpu_options,
-        (b, s, d, t),
+        (s, d, t, b),
         (block_s, block_d, block_t, num_warps, num_stages),
+        16,
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_q_gpu_kernel,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_d=block_d,
-            block_t=block_t,
-        ),
+        functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
         # One program per element of B, block of S, block of D; each loops over T itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
-            # dacc: bf16[B, S, T]
-            pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),
-            # k: bf16[B, T, D]
-            pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),  # k: bf16[B, T, D]
         ],
         # dq: bf16[B, S, D]
         out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),
@@ -5824,16 +5001,8 @@ def _scores_backward_q_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_t,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_s, block_t),
-                    lambda s: (program_s, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
-                ),
-                plgpu.BlockSpec(
-                    (block_t, block_d),
-                    lambda s: (s, program_d),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_s, block_t), lambda s: (program_s, s), jnp.bfloat16),
+                rt.mgpu_spec((block_t, block_d), lambda s: (s, program_d), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
@@ -5841,51 +5010,37 @@ def _scores_backward_q_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dq_ref.at[
-            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dq_ref.at[
+                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
+    smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
     rt.mgpu_check_choices(
-        "scores_backward_q",
-        {
-            "mgpu_block_s": (block_s, (64, 128)),
-            "mgpu_block_d": (block_d, (64, 128, 256)),
-            "mgpu_block_t": (block_t, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_s * block_d, 16384),
-        (stages * (2 * block_s * block_t + 2 * block_d * block_t) + 2 * block_s * block_d, 232448),
+        "scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes
     )
-    padded_s = s + -s % block_s
-    padded_d = d + -d % block_d
-    padded_t = t + -t % block_t
-    dacc = rt.mgpu_pad(dacc, (b, padded_s, padded_t))
-    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
+    padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
+    dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
             _scores_backward_q_mosaic_gpu_kernel,
@@ -5896,9 +5051,7 @@ def _scores_backward_q_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_s // block_s, padded_d // block_d),
@@ -6023,7 +5176,8 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
     )(dacc, q)
 
 
-def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, block_d, block_s):
+def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
+    block_t, block_d = dk_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
@@ -6032,12 +5186,8 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     def accumulate(step, acc):
         start = step * block_s
         in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
-        dacc = rt.load(
-            dacc_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_t), in_s, in_t), other=0
-        )
-        q = rt.load(
-            q_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
-        )
+        dacc = rt.load(dacc_ref.at[pl.ds(start, block_s), :], (in_s, in_t), other=0)
+        q = rt.load(q_ref.at[pl.ds(start, block_s), :], (in_s, in_d), other=0)
         return acc + jax.lax.dot_general(
             dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -6048,10 +5198,10 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T,
+# D, S, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
+# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -6059,32 +5209,21 @@ def _scores_backward_k_gpu(
     dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
 ):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_d, block_s, num_warps, num_stages = rt.gpu_options(
+    block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
         _scores_backward_k_gpu_options,
-        (b, t, d, s),
+        (t, d, s, b),
         (block_t, block_d, block_s, num_warps, num_stages),
+        16,
     )
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _scores_backward_k_gpu_kernel,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_d=block_d,
-            block_s=block_s,
-        ),
+        functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
         # One program per element of B, block of T, block of D; each loops over S itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),
+            pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),  # q: bf16[B, S, D]
         ],
         # dk: bf16[B, T, D]
         out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),
@@ -6111,16 +5250,8 @@ def _scores_backward_k_mosaic_gpu_kernel(
             step,
             grid=(dacc_ref.shape[-1] // block_s,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_t, block_s),
-                    lambda s: (program_t, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s),
-                ),
-                plgpu.BlockSpec(
-                    (block_s, block_d),
-                    lambda s: (s, program_d),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-                ),
+                rt.mgpu_spec((block_t, block_s), lambda s: (program_t, s), jnp.bfloat16),
+                rt.mgpu_spec((block_s, block_d), lambda s: (s, program_d), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
@@ -6128,52 +5259,38 @@ def _scores_backward_k_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dk_ref.at[
-            program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
-        ],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dk_ref.at[
+                program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
+            ],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
-# ones).
+# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
+    smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
     rt.mgpu_check_choices(
-        "scores_backward_k",
-        {
-            "mgpu_block_t": (block_t, (64, 128)),
-            "mgpu_block_d": (block_d, (64, 128, 256)),
-            "mgpu_block_s": (block_s, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_t * block_d, 16384),
-        (stages * (2 * block_t * block_s + 2 * block_d * block_s) + 2 * block_t * block_d, 232448),
+        "scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes
     )
-    padded_t = t + -t % block_t
-    padded_d = d + -d % block_d
-    padded_s = s + -s % block_s
+    padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
-    dacc = rt.mgpu_pad(dacc, (b, padded_t, padded_s))
-    q = rt.mgpu_pad(q, (b, padded_s, padded_d))
+    dacc, q = rt.mgpu_pad(dacc, (b, padded_t, padded_s)), rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
             _scores_backward_k_mosaic_gpu_kernel,
@@ -6184,9 +5301,7 @@ def _scores_backward_k_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
+            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b, padded_t // block_t, padded_d // block_d),
@@ -6314,7 +5429,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     )(x, w, bias)
 
 
-def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
+def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -6323,25 +5439,21 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
     def accumulate(step, acc):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        w = rt.load(
-            w_ref.at[:, pl.ds(start, block_k)], rt.mask((block_n, block_k), in_n, in_k), other=0
-        )
+        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, (None, in_n))
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -6349,29 +5461,20 @@ def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
+        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _linear_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
+        functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # w: bf16[N, K], read transposed
-            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # w: bf16[N, K], read transposed
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -6393,8 +5496,7 @@ def _linear_mosaic_gpu_kernel(
     block_k,
     stages,
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, w_smem):
@@ -6405,76 +5507,47 @@ def _linear_mosaic_gpu_kernel(
             step,
             grid=(x_ref.shape[-1] // block_k,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
+        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         acc = acc_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_mosaic_gpu(
     x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "linear",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (16, 32, 64)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
+        "linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    w = rt.mgpu_pad(w, (padded_n, padded_k))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
+    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
+    x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
+    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _linear_mosaic_gpu_kernel,
@@ -6485,9 +5558,7 @@ def _linear_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],
@@ -6612,7 +5683,8 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     )(dy)
 
 
-def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, block_n):
+def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
+    _, block_n = dbias_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -6621,7 +5693,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -6636,33 +5708,25 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i))
-        ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -6691,34 +5755,21 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
     (sum_m_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(dy_ref.shape[0] // block_m,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(dy_ref)
     sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
@@ -6838,7 +5889,8 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
     )(dy, w)
 
 
-def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
+    block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -6847,12 +5899,8 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
     def accumulate(step, acc):
         start = step * block_n
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(
-            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        w = rt.load(
-            w_ref.at[pl.ds(start, block_n), :], rt.mask((block_n, block_k), in_n, in_k), other=0
-        )
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[pl.ds(start, block_n), :], (in_n, in_k), other=0)
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
@@ -6861,10 +5909,10 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
+# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -6872,35 +5920,22 @@ def _linear_backward_x_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
+        16,
     )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_x_gpu_kernel,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
+        functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # w: bf16[N, K]
-            pl.BlockSpec((n, block_k), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((n, block_k), lambda i, j: (0, j)),  # w: bf16[N, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -6911,8 +5946,7 @@ def _linear_backward_x_gpu(
 def _linear_backward_x_mosaic_gpu_kernel(
     dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, w_smem):
@@ -6923,16 +5957,8 @@ def _linear_backward_x_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_n,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (s, program_k),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
+                rt.mgpu_spec((block_n, block_k), lambda s: (s, program_k), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
@@ -6940,48 +5966,35 @@ def _linear_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_x_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
+    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "linear_backward_x",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_n": (block_n, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_k, 16384),
-        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+        "linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes
     )
-    padded_m = m + -m % block_m
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    w = rt.mgpu_pad(w, (padded_n, padded_k))
+    padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
+    dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
             _linear_backward_x_mosaic_gpu_kernel,
@@ -6992,9 +6005,7 @@ def _linear_backward_x_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_k // block_k),
@@ -7111,7 +6122,8 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
     )(dy, x)
 
 
-def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, block_k, block_m):
+def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
+    block_n, block_k = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
@@ -7120,12 +6132,8 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        dy = rt.load(
-            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
-        )
-        x = rt.load(
-            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
         return acc + jax.lax.dot_general(
             dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -7136,10 +6144,10 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (N, K, M) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N,
+# K, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
+# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7147,35 +6155,22 @@ def _linear_backward_w_gpu(
     dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
 ):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, block_k, block_m, num_warps, num_stages = rt.gpu_options(
+    block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
         _linear_backward_w_gpu_options,
         (n, k, m),
         (block_n, block_k, block_m, num_warps, num_stages),
+        16,
     )
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     return pl.pallas_call(
-        functools.partial(
-            _linear_backward_w_gpu_kernel,
-            n=n,
-            k=k,
-            m=m,
-            block_n=block_n,
-            block_k=block_k,
-            block_m=block_m,
-        ),
+        functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
         # One program per block of N, block of K; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # dy: bf16[M, N], read transposed
-            pl.BlockSpec((m, block_n), lambda i, j: (0, i)),
-            # x: bf16[M, K]
-            pl.BlockSpec((m, block_k), lambda i, j: (0, j)),
+            pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, j)),  # x: bf16[M, K]
         ],
-        # dw: bf16[N, K]
-        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -7186,8 +6181,7 @@ def _linear_backward_w_gpu(
 def _linear_backward_w_mosaic_gpu_kernel(
     dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
 ):
-    program_n = jax.lax.axis_index("N")
-    program_k = jax.lax.axis_index("K")
+    program_n, program_k = jax.lax.axis_index("N"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dy_smem, x_smem):
@@ -7198,16 +6192,8 @@ def _linear_backward_w_mosaic_gpu_kernel(
             step,
             grid=(dy_ref.shape[-1] // block_m,),
             in_specs=[
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (s, program_k),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
+                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.bfloat16),
+                rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
             ],
             max_concurrent_steps=stages,
         )(dy_ref, x_ref)
@@ -7215,49 +6201,36 @@ def _linear_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
+    rt.mgpu_copy_out(
+        (
+            out_smem,
+            dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
+        )
     )
-    plgpu.wait_smem_to_gmem(0)
 
 
-# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
+# sizes (N, K, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the built-in ones).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_w_mosaic_gpu(
     dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
 ):
-    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
+    smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
     rt.mgpu_check_choices(
-        "linear_backward_w",
-        {
-            "mgpu_block_n": (block_n, (64, 128)),
-            "mgpu_block_k": (block_k, (64, 128, 256)),
-            "mgpu_block_m": (block_m, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_n * block_k, 16384),
-        (stages * (2 * block_n * block_m + 2 * block_k * block_m) + 2 * block_n * block_k, 232448),
+        "linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes
     )
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    padded_m = m + -m % block_m
+    padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
-    dy = rt.mgpu_pad(dy, (padded_n, padded_m))
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    dy, x = rt.mgpu_pad(dy, (padded_n, padded_m)), rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
             _linear_backward_w_mosaic_gpu_kernel,
@@ -7268,9 +6241,7 @@ def _linear_backward_w_mosaic_gpu(
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[
-            plgpu.SMEM(
-                (block_n, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
-            ),
+            rt.mgpu_smem((block_n, block_k), jnp.bfloat16),
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_n // block_n, padded_k // block_k),

@@ -89,30 +89,31 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
 
 
 def _layer_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps
 ):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
+    b = rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
+    rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
     mean_n = jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_n_ref, mean_n, (in_m, None))
     rstd = jax.lax.rsqrt(mean_n + eps)
-    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -120,40 +121,25 @@ def _layer_norm_with_residuals_gpu(
     x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_with_residuals_gpu_kernel,
-            m=m,
-            block_m=block_m,
-            n=n,
-            block_n=block_n,
-            eps=eps,
-        ),
+        functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -203,13 +189,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -233,13 +213,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     (mean_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -276,11 +250,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -290,20 +260,12 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    b = b.reshape((n,))
-    b = rt.mgpu_pad(b, (padded_n,))
+    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
         functools.partial(
             _layer_norm_with_residuals_mosaic_gpu_kernel,
@@ -322,11 +284,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -449,63 +407,53 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     )(x, w, b)
 
 
-def _layer_norm_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, block_m, n, block_n, eps
-):
+def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
+    b = rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
+    rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
     rstd = jax.lax.rsqrt(
         jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
     )
-    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -552,13 +500,7 @@ def _layer_norm_mosaic_gpu_kernel(
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -582,13 +524,7 @@ def _layer_norm_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -622,11 +558,7 @@ def _layer_norm_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -636,20 +568,12 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    b = b.reshape((n,))
-    b = rt.mgpu_pad(b, (padded_n,))
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd = plgpu.kernel(
         functools.partial(
             _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -662,11 +586,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -835,34 +755,21 @@ def _layer_norm_backward_tpu(
 
 
 def _layer_norm_backward_gpu_kernel(
-    x_ref,
-    w_ref,
-    mu_ref,
-    rstd_ref,
-    mean_n_ref,
-    dy_ref,
-    dmu_ref,
-    drstd_ref,
-    dx_ref,
-    *,
-    m,
-    block_m,
-    n,
-    block_n,
-    eps,
+    x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, eps
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    mu = rt.load(mu_ref, rt.mask((block_m, 1), in_m, None))
-    rstd = rt.load(rstd_ref, rt.mask((block_m, 1), in_m, None))
-    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    w = rt.load(w_ref, (None, in_n))
+    mu = rt.load(mu_ref, (in_m, None))
+    rstd = rt.load(rstd_ref, (in_m, None))
+    mean_n = rt.load(mean_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
-    dmu = rt.load(dmu_ref, rt.mask((block_m, 1), in_m, None))
-    drstd = rt.load(drstd_ref, rt.mask((block_m, 1), in_m, None))
+    dmu = rt.load(dmu_ref, (in_m, None))
+    drstd = rt.load(drstd_ref, (in_m, None))
     h = x.astype(jnp.float32)
     d = h - mu
     rstd_1 = mean_n + eps
@@ -876,10 +783,10 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -887,38 +794,26 @@ def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # dmu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # drstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # drstd: f32[M], broadcast over N
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -950,28 +845,15 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     eps,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
     mu = rt.mgpu_load_vector(mu_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1]
-    )
-    plgpu.barrier_wait(barrier.at[1])
+    rt.mgpu_copy_in(rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1])
     rstd = rt.mgpu_load_vector(rstd_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
+    rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2])
     mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3]
-    )
-    plgpu.barrier_wait(barrier.at[3])
+    rt.mgpu_copy_in(dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3])
     dmu = rt.mgpu_load_vector(dmu_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4]
-    )
-    plgpu.barrier_wait(barrier.at[4])
+    rt.mgpu_copy_in(drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4])
     drstd = rt.mgpu_load_vector(drstd_smem, 0)
     rstd_1 = mean_n + eps
 
@@ -997,17 +879,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1043,17 +917,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -1090,17 +956,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, w_ref, dy_ref)
@@ -1110,29 +968,16 @@ def _layer_norm_backward_mosaic_gpu_kernel(
 def _layer_norm_backward_mosaic_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret
 ):
-    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    mu = mu.reshape((m,))
-    mu = rt.mgpu_pad(mu, (padded_m,))
-    rstd = rstd.reshape((m,))
-    rstd = rt.mgpu_pad(rstd, (padded_m,))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    dmu = dmu.reshape((m,))
-    dmu = rt.mgpu_pad(dmu, (padded_m,))
-    drstd = drstd.reshape((m,))
-    drstd = rt.mgpu_pad(drstd, (padded_m,))
+    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    mu = rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
+    rstd = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
+    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
+    dy, dmu = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(dmu.reshape((m,)), (padded_m,))
+    drstd = rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -1145,11 +990,7 @@ def _layer_norm_backward_mosaic_gpu(
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1326,8 +1167,9 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
 
 
 def _layer_norm_backward_over_m_gpu_kernel(
-    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m, block_n
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m
 ):
+    _, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -1336,10 +1178,10 @@ def _layer_norm_backward_over_m_gpu_kernel(
         sum_m_running, sum_over_m_running = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         d = h - mu
         y_1 = d * rstd
@@ -1366,10 +1208,10 @@ def _layer_norm_backward_over_m_gpu_kernel(
     rt.store(db_ref, sum_over_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1377,33 +1219,23 @@ def _layer_norm_backward_over_m_gpu(
     x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mu: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # rstd: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
         out_specs=(
-            # dw: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
-            # db: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # db: f32[N], broadcast over M
         ),
         out_shape=(
             jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
@@ -1449,18 +1281,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(
@@ -1474,28 +1298,19 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
     db = sum_over_m
     dw_smem[...] = dw
     db_smem[...] = db
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.copy_smem_to_gmem(db_smem, db_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out(
+        (dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]),
+        (db_smem, db_ref.at[pl.ds(program_n * block_n, block_n)]),
+    )
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    mu = mu.reshape((m,))
-    mu = rt.mgpu_pad(mu, (padded_m,))
-    rstd = rstd.reshape((m,))
-    rstd = rt.mgpu_pad(rstd, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
+    rstd, dy = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     dw, db = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -1613,53 +1428,45 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     )(x, w)
 
 
-def _rms_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, y_ref, mean_n_ref, *, m, block_m, n, block_n, eps
-):
+def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(mean_n_ref, mean_n, (in_m, None))
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
         out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -1692,13 +1499,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -1728,11 +1529,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -1741,18 +1538,11 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
+    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     y, mean_n = plgpu.kernel(
         functools.partial(
             _rms_norm_with_residuals_mosaic_gpu_kernel,
@@ -1767,11 +1557,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1865,13 +1651,14 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     )(x, w)
 
 
-def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
+def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    w = rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
@@ -1886,35 +1673,29 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1941,13 +1722,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -1973,11 +1748,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
         max_concurrent_steps=2,
@@ -1986,30 +1757,17 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -2132,16 +1890,15 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     )(x, w, mean_n, dy)
 
 
-def _rms_norm_backward_gpu_kernel(
-    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps
-):
+def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, eps):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    w = rt.load(w_ref, (None, in_n))
+    mean_n = rt.load(mean_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     h = x.astype(jnp.float32)
     y_2 = mean_n + eps
@@ -2157,10 +1914,10 @@ def _rms_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -2168,30 +1925,22 @@ def _rms_norm_backward_gpu(
     x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
+        functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        # dx: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2215,10 +1964,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
     eps,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0])
     mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
@@ -2244,17 +1990,9 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
@@ -2289,17 +2027,9 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         write,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
     )(x_ref, w_ref, dy_ref)
@@ -2307,20 +2037,12 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
+    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -2330,11 +2052,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -2464,9 +2182,8 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
     )(x, mean_n, dy)
 
 
-def _rms_norm_backward_over_m_gpu_kernel(
-    x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, block_n, eps
-):
+def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, eps):
+    _, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -2475,9 +2192,9 @@ def _rms_norm_backward_over_m_gpu_kernel(
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
-        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
@@ -2496,10 +2213,10 @@ def _rms_norm_backward_over_m_gpu_kernel(
     rt.store(dw_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -2507,33 +2224,20 @@ def _rms_norm_backward_over_m_gpu(
     x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _rms_norm_backward_over_m_gpu_kernel,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # mean_n: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        # dw: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2569,17 +2273,9 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
@@ -2587,24 +2283,15 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
     sum_m = sum_m_running
     dw = sum_m
     dw_smem[...] = dw
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    mean_n = mean_n.reshape((m,))
-    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(

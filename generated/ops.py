@@ -66,7 +66,8 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 
 # Also `add_i32`'s and `add_i8`'s: the same code, written once.
-def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
+def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -76,32 +77,27 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -110,8 +106,7 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -121,40 +116,18 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -253,7 +226,8 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     )(dz)
 
 
-def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -263,33 +237,26 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -302,8 +269,7 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
 
 
 def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, dx_smem, dy_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -313,38 +279,17 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
+    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -434,7 +379,8 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 
 # Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
-def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
+def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
+    block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -444,32 +390,27 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     rt.store(z_ref, x * y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
         ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -478,8 +419,7 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -489,40 +429,18 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -628,7 +546,8 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     )(x, y, dz)
 
 
-def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -640,37 +559,30 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, 
     rt.store(dy_ref, dz * x, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dz: f32[M, N]
         ],
         out_specs=(
-            # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
@@ -683,8 +595,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
 
 
 def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, dz_smem, dx_smem, dy_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -696,50 +607,19 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 3,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
+        * 2,
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
 
 
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
@@ -830,40 +710,36 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_f32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_f32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -891,13 +767,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -907,21 +777,14 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -1045,8 +908,8 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
@@ -1060,32 +923,28 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: f32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: f32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: f32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: f32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1112,30 +971,14 @@ def _equal_count_f32_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2,
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1232,32 +1075,27 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1266,8 +1104,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1277,40 +1114,18 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -1398,32 +1213,27 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
         ],
-        # z: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1432,8 +1242,7 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 
 
 def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1443,40 +1252,18 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
+        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -1561,40 +1348,36 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_i32_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_i32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1622,13 +1405,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
@@ -1638,21 +1415,14 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -1746,32 +1516,28 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1798,30 +1564,14 @@ def _equal_count_i32_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1924,32 +1674,27 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1958,8 +1703,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
 
 
 def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1969,40 +1713,17 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)] * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -2096,32 +1817,27 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # y: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
         ],
-        # z: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2130,8 +1846,7 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
 
 
 def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -2141,40 +1856,17 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)] * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int8)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -2264,12 +1956,13 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(
         i_ref,
         rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
@@ -2277,31 +1970,26 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_i8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_i8_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i8[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2329,13 +2017,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
@@ -2345,21 +2027,14 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -2473,32 +2148,28 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i8[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i8[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2523,30 +2194,14 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2,
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)

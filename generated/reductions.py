@@ -60,40 +60,36 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmax_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmax_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -122,13 +118,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -138,21 +128,14 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -275,7 +258,8 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
     )(x)
 
 
-def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
+def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -284,7 +268,7 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
         argmax_n_max, argmax_n_index = running
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end, never padding
             argmax_n_block = rt.fill_past(argmax_n_block, start, n, 1, -jnp.inf)
@@ -303,31 +287,25 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -336,15 +314,10 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
 
 
 def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -439,40 +412,36 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
+def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
+    block_m, _ = i_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
-    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    x = rt.load(x_ref, (in_m, in_n))
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_argmin_rows_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_argmin_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # i: i32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -500,13 +469,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0),
@@ -516,21 +479,14 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     argmin_n = argmin_n_index
     i = argmin_n
     i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
@@ -641,7 +597,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     )(x)
 
 
-def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
+def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
+    _, block_n = s_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
@@ -650,7 +607,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
         (sum_m_running,) = running
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end, never padding
             sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
@@ -664,31 +621,25 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     rt.store(s_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself,
         # accumulating in order.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i))
-        ],
-        # s: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -714,34 +665,21 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
     (sum_m_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref)
     sum_m = sum_m_running
     s = sum_m
     s_smem[...] = s
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)]))
 
 
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
-    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (s,) = plgpu.kernel(
         functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
@@ -842,43 +780,37 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
     )(x, ds)
 
 
-def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, block_n):
+def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    ds = rt.load(ds_ref, rt.mask((1, block_n), None, in_n))
+    ds = rt.load(ds_ref, (None, in_n))
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _column_sums_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_column_sums_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # ds: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N], broadcast over M
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -887,8 +819,7 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
 
 
 def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, block_n):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, ds_smem, dx_smem):
         ds = rt.mgpu_load(ds_smem, (block_m, block_n), (1,))
@@ -898,36 +829,19 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, ds_ref, dx_ref)
 
 
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
-    """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    ds = ds.reshape((n,))
-    ds = rt.mgpu_pad(ds, (padded_n,))
+    """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -1029,63 +943,50 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 
 def _quantize_rows_int8_with_residuals_gpu_kernel(
-    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, block_m, n, block_n
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n
 ):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(max_n_ref, max_n, (in_m, None))
     s = jnp.maximum(max_n, 1e-30) / 127
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+    rt.store(scale_ref, s, (in_m, None))
     rt.store(
         argmax_n_ref,
         rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
-        rt.mask((block_m, 1), in_m, None),
+        (in_m, None),
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_with_residuals_gpu_kernel,
-            m=m,
-            block_m=block_m,
-            n=n,
-            block_n=block_n,
-        ),
+        functools.partial(_quantize_rows_int8_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -1139,13 +1040,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1182,28 +1077,17 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
+    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale, max_n, argmax_n = plgpu.kernel(
         functools.partial(
@@ -1222,9 +1106,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
-            plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1329,7 +1211,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, block_n):
+def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
+    block_m, block_n = q_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1342,39 +1225,31 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, bl
         / 127
     )
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+    rt.store(scale_ref, s, (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -1406,13 +1281,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
@@ -1438,28 +1307,17 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale = plgpu.kernel(
         functools.partial(
@@ -1471,9 +1329,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1594,16 +1450,17 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
 
 
 def _quantize_rows_int8_backward_gpu_kernel(
-    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m, block_n
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
-    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
-    dscale = rt.load(dscale_ref, rt.mask((block_m, 1), in_m, None))
+    max_n = rt.load(max_n_ref, (in_m, None))
+    argmax_n = rt.load(argmax_n_ref, (in_m, None))
+    dscale = rt.load(dscale_ref, (in_m, None))
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
@@ -1615,10 +1472,10 @@ def _quantize_rows_int8_backward_gpu_kernel(
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
+# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
+# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1626,29 +1483,20 @@ def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = rt.gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_quantize_rows_int8_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-            # dscale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1659,8 +1507,7 @@ def _quantize_rows_int8_backward_gpu(
 def _quantize_rows_int8_backward_mosaic_gpu_kernel(
     x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, block_m, block_n
 ):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, max_n_smem, argmax_n_smem, dscale_smem, dx_smem):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
@@ -1680,42 +1527,23 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
         step,
         grid=(1,),
         in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref)
 
 
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    max_n = max_n.reshape((m,))
-    max_n = rt.mgpu_pad(max_n, (padded_m,))
-    argmax_n = argmax_n.reshape((m,))
-    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
-    dscale = dscale.reshape((m,))
-    dscale = rt.mgpu_pad(dscale, (padded_m,))
+    """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % 8, n + -n % block_n
+    x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
+    dscale = rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -1844,8 +1672,8 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         (sum_n_running,) = running
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
@@ -1859,32 +1687,28 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
-# None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.gpu_options(
+    block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
-            # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
-            # y: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
+            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
         ],
-        # n: i32[], broadcast over N
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1909,30 +1733,14 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (64, block_n),
-                lambda _: (program, 0),
-                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
     )(x_ref, y_ref)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
-    plgpu.wait_smem_to_gmem(0)
+    rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
+    """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)

@@ -78,61 +78,48 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _softmax_with_residuals_gpu_kernel(
-    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, block_m, n, block_n
-):
+def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(max_n_ref, max_n, (in_m, None))
     e = jnp.exp(x - max_n)
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
-    rt.store(sum_n_ref, sum_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(sum_n_ref, sum_n, (in_m, None))
     rt.store(y_ref, e / sum_n, inside)
     rt.store(
-        argmax_n_ref,
-        rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
-        rt.mask((block_m, 1), in_m, None),
+        argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None)
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -186,13 +173,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -221,13 +202,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -257,28 +232,17 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
         functools.partial(
@@ -294,11 +258,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -395,7 +355,8 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -405,31 +366,26 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -455,13 +411,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
@@ -483,13 +433,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
@@ -511,39 +455,22 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -660,16 +587,17 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
 
 
 def _softmax_backward_gpu_kernel(
-    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n
 ):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    sum_n = rt.load(sum_n_ref, rt.mask((block_m, 1), in_m, None))
-    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
-    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
+    sum_n = rt.load(sum_n_ref, (in_m, None))
+    argmax_n = rt.load(argmax_n_ref, (in_m, None))
+    max_n = rt.load(max_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
     de = dy / sum_n + jnp.sum(
@@ -688,10 +616,10 @@ def _softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -699,30 +627,23 @@ def _softmax_backward_gpu(
     x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -748,20 +669,13 @@ def _softmax_backward_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
+    rt.mgpu_copy_in(sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0])
     sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
     )
-    plgpu.barrier_wait(barrier.at[1])
     argmax_n = rt.mgpu_load_vector(argmax_n_smem, 0)
-    plgpu.copy_gmem_to_smem(
-        max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2]
-    )
-    plgpu.barrier_wait(barrier.at[2])
+    rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
 
     def reduce_1(indices, x_smem, dy_smem, carry):
@@ -788,18 +702,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
@@ -826,18 +729,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     (sum_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
@@ -870,41 +762,20 @@ def _softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
-    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 64
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    sum_n = sum_n.reshape((m,))
-    sum_n = rt.mgpu_pad(sum_n, (padded_m,))
-    argmax_n = argmax_n.reshape((m,))
-    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
-    max_n = max_n.reshape((m,))
-    max_n = rt.mgpu_pad(max_n, (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 64
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
+    x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
+    max_n, dy = rt.mgpu_pad(max_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -915,11 +786,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1027,49 +894,40 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _log_softmax_with_residuals_gpu_kernel(
-    x_ref, y_ref, logsumexp_n_ref, *, m, block_m, n, block_n
-):
+def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     logsumexp_n = rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1)
-    rt.store(logsumexp_n_ref, logsumexp_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(logsumexp_n_ref, logsumexp_n, (in_m, None))
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _log_softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -1105,13 +963,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     logsumexp_over_n_running, logsumexp_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1141,28 +993,17 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
         functools.partial(
@@ -1174,11 +1015,7 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -1258,7 +1095,8 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     )(x)
 
 
-def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
+    block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1267,31 +1105,26 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(_log_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1319,13 +1152,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
     logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
@@ -1349,39 +1176,22 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
     )(x_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 128
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1483,15 +1293,14 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     )(x, logsumexp_n, dy)
 
 
-def _log_softmax_backward_gpu_kernel(
-    x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
-):
+def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n):
+    block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    logsumexp_n = rt.load(logsumexp_n_ref, rt.mask((block_m, 1), in_m, None))
+    logsumexp_n = rt.load(logsumexp_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     rt.store(
         dx_ref,
@@ -1502,10 +1311,10 @@ def _log_softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
+# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
+# rt.triton_options clamps the blocks (a small dimension: one masked block).
 _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1513,28 +1322,21 @@ def _log_softmax_backward_gpu(
     x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
+    block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
-        functools.partial(
-            _log_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
+        functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
         # block of the next power of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1556,10 +1358,9 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     n,
 ):
     program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
+    rt.mgpu_copy_in(
         logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
     )
-    plgpu.barrier_wait(barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
     def reduce_1(indices, dy_smem, carry):
@@ -1577,13 +1378,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(dy_ref)
@@ -1608,36 +1403,19 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         write,
         grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
     )(x_ref, dy_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 64
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
+    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    block_m, block_n = 64, 64
+    padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    logsumexp_n = logsumexp_n.reshape((m,))
-    logsumexp_n = rt.mgpu_pad(logsumexp_n, (padded_m,))
+    logsumexp_n = rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
@@ -1647,11 +1425,7 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            ),
+            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),

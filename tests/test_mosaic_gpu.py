@@ -594,3 +594,21 @@ def test_attention_on_mosaic_gpu_says_which_head_size_it_holds(monkeypatch):
     q, k, v = (jax.ShapeDtypeStruct((1, 1, 64, 320), jnp.bfloat16) for _ in range(3))
     with pytest.raises(ValueError, match=r'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D=320'):
         _cuda_text(generated_module("attention").attention, [q, k, v], gpu_backend="mosaic_gpu")
+
+
+def test_compact_launcher_lines_compute_the_same_values_in_the_same_order():
+    from pallasgen.backends.mosaic_gpu.support import compact
+
+    assert compact(["block_m = 64", "block_n = 128"]) == ["block_m, block_n = 64, 128"]
+    # a value passed on once is written where it is passed; a line never reads a name it assigns
+    assert compact(["w = w.reshape((n,))", "w = rt.mgpu_pad(w, (padded_n,))"]) == [
+        "w = rt.mgpu_pad(w.reshape((n,)), (padded_n,))"
+    ]
+    assert compact(["padded_m = m + -m % 8", "x = rt.mgpu_pad(x, (padded_m,))"]) == [
+        "padded_m = m + -m % 8",
+        "x = rt.mgpu_pad(x, (padded_m,))",
+    ]
+    # a commented line stays whole and alone; a line too long is not joined
+    commented = "y = jnp.swapaxes(y, -1, -2)  # wgmma reads [N, K] tiles"
+    assert compact([commented, "y = rt.mgpu_pad(y, (n, k))"]) == [commented, "y = rt.mgpu_pad(y, (n, k))"]
+    assert compact(["a = " + "b" * 60, "c = " + "d" * 40]) == ["a = " + "b" * 60, "c = " + "d" * 40]

@@ -33,7 +33,7 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"operands", "without_elements", "vmem_limit", "nbytes", "inside", "mask", "load", "store"}
-        | {"mgpu_pad", "mgpu_swizzled", "mgpu_load", "gpu_options", "gpu_device_kind"},
+        | {"mgpu_pad", "mgpu_spec", "mgpu_load", "triton_options", "gpu_options", "gpu_device_kind"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (
@@ -87,7 +87,7 @@ FEATURES = {
     ),
     "row-input-beside-a-reduction": (
         "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
-        {"mgpu_load_vector"},
+        {"mgpu_load_vector", "mgpu_copy_in"},
         {"M": 10, "N": 37},
     ),
     # Attention on Mosaic GPU: computed operands of products, an f32 one split, a causal
@@ -96,12 +96,12 @@ FEATURES = {
         "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
         "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
         "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
-        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax"},
+        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices"},
         {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
     "mosaic-gpu-product": (
         "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
-        {"mgpu_check_choices"},
+        {"mgpu_check_choices", "mgpu_smem", "mgpu_copy_out"},
         {"M": 20, "N": 30, "K": 40},
     ),
 }
@@ -361,6 +361,14 @@ def test_gpu_options_take_the_nearest_tuned_entry_of_the_device_kind(monkeypatch
     assert support.gpu_options(table, (50,), (None, 4, None)) == (16, 4, 1)
     monkeypatch.setattr(support, "gpu_device_kind", lambda: None)
     assert support.gpu_options(table, (2000,), (None, None, None)) == (64, 4, 3)
+
+
+def test_triton_options_clamp_each_block_between_its_least_and_its_dimensions_next_power_of_two():
+    table = {None: (64, 64, 32, 4, 3)}
+    assert support.triton_options(table, (1000, 5, 3), (None,) * 5, 16) == (64, 16, 16, 4, 3)
+    assert support.triton_options(table, (1000, 5, 3), (None,) * 5, (1, 1, 32)) == (64, 8, 32, 4, 3)
+    assert support.triton_options(table, (1000, 50, 3), (128, None, 2, 8, 1)) == (128, 64, 2, 8, 1)  # given
+    assert support.triton_options({None: (4, 1)}, (7,), (None, None)) == (4, 1)  # no blocks
 
 
 def test_gpu_kernel_names_the_backends_it_takes():

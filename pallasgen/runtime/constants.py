@@ -37,6 +37,14 @@ def public_keyword(backend: str, launcher_keyword: str) -> str:
     return renamed.get(launcher_keyword, prefix + launcher_keyword)
 
 
+# What a Mosaic GPU product may choose (`mgpu_block_*`, `mgpu_stages`; its K blocks depend
+# on its dtypes), and what bounds the choice on an H100 or H200.
+MGPU_BLOCKS_M = (64, 128)  # one warpgroup's wgmma rows, once or twice
+MGPU_BLOCKS_N = (64, 128, 256)  # wgmma's N: a multiple of 8 up to 256
+MGPU_STAGES = (1, 2, 3, 4, 5, 6)
+MGPU_ACCUMULATOR_MOST = 128 * 128  # f32 elements of one warpgroup's accumulator: 128 registers a thread
+MGPU_SMEM_PER_BLOCK = 227 * 1024  # the shared memory an H100 (or H200) gives one block
+
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.
 TPU_DEVICE_KINDS = {

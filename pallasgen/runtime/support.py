@@ -60,6 +60,11 @@ from jax.experimental.pallas import triton as pltriton
 from pallasgen.runtime.constants import (
     GPU_BACKENDS,
     GPU_LAUNCH_OPTIONS,
+    MGPU_ACCUMULATOR_MOST,
+    MGPU_BLOCKS_M,
+    MGPU_BLOCKS_N,
+    MGPU_SMEM_PER_BLOCK,
+    MGPU_STAGES,
     SCOPED_VMEM_BYTES,
     STEP_ELEMENTS,
     STEP_VMEM_BYTES,
@@ -136,25 +141,37 @@ def gpu_options(table, sizes, given):
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
 
 
-def mgpu_check_choices(kernel, choices, accumulator, smem):
+def triton_options(table, sizes, given, least=1):
+    """`gpu_options` of a Triton launcher, its blocks (the first of `given`, one for each
+    of the first `sizes`) each a power of two from `least` (one for all, or one each) up
+    to its dimension's next power of two: a small dimension is one masked block."""
+    chosen = gpu_options(table, sizes, given)
+    count = len(given) - len(GPU_LAUNCH_OPTIONS)
+    least = least if isinstance(least, tuple) else (least,) * count
+    blocks = (max(low, min(b, pl.next_power_of_2(size))) for b, size, low in zip(chosen, sizes, least))
+    return (*blocks, *chosen[count:])
+
+
+def mgpu_check_choices(kernel, dims, chosen, depths, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
-    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
-    are (what these values take, the most there is) of wgmma's accumulator (elements)
-    and of shared memory (bytes)."""
-    for keyword, (value, allowed) in choices.items():
+    `chosen` are a product's blocks of its M, N and K (`dims`, the kernel's names of
+    them: the keywords are mgpu_block_<dim>) and its stages, `depths` the K blocks that
+    wgmma takes of its dtype, `smem` the bytes of shared memory that they take."""
+    keywords = [f"mgpu_block_{dim.lower()}" for dim in dims.split()] + ["mgpu_stages"]
+    for keyword, value, allowed in zip(keywords, chosen, (MGPU_BLOCKS_M, MGPU_BLOCKS_N, depths, MGPU_STAGES)):
         if type(value) is not int or value not in allowed:
             raise ValueError(
                 f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
             )
-    if accumulator[0] > accumulator[1]:
+    if chosen[0] * chosen[1] > MGPU_ACCUMULATOR_MOST:
         raise ValueError(
-            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
-            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+            f"{kernel}: a Mosaic GPU accumulator of {chosen[0] * chosen[1]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({MGPU_ACCUMULATOR_MOST})"
         )
-    if smem[0] > smem[1]:
+    if smem > MGPU_SMEM_PER_BLOCK:
         raise ValueError(
-            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
-            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem // 1024} KiB of shared memory,"
+            f" more than the {MGPU_SMEM_PER_BLOCK // 1024} KiB of a block: choose smaller ones or fewer stages"
         )
 
 
@@ -170,6 +187,45 @@ def mgpu_swizzled(dtype, columns):
     the WGMMA register layout read it."""
     swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
+
+
+def mgpu_spec(shape, index_map, dtype):
+    """A pipeline's BlockSpec of 2-D blocks of `dtype`, tiled and swizzled in shared
+    memory as wgmma and the WGMMA layout read them (`mgpu_swizzled`)."""
+    return plgpu.BlockSpec(shape, index_map, transforms=mgpu_swizzled(dtype, shape[-1]))
+
+
+def mgpu_smem(shape, dtype):
+    """Scratch shared memory of `shape` whose last two axes are tiled and swizzled as
+    `mgpu_spec`'s blocks."""
+    return plgpu.SMEM(shape, dtype, transforms=mgpu_swizzled(dtype, shape[-1]))
+
+
+def mgpu_grid_indices(*counts):
+    """This program's index along each axis of its grid, decoded from its index in the
+    kernel's one-dimensional grid ("programs"), the last axis fastest: `counts` are the
+    programs along each axis but the first."""
+    program = jax.lax.axis_index("programs")
+    indices = []
+    for count in reversed(counts):
+        indices.append(jax.lax.rem(program, count))
+        program = jax.lax.div(program, count)
+    return (program, *reversed(indices))
+
+
+def mgpu_copy_in(ref, smem, barrier):
+    """Copies a block of global memory (`ref`) into shared memory by TMA and waits for it."""
+    plgpu.copy_gmem_to_smem(ref, smem, barrier)
+    plgpu.barrier_wait(barrier)
+
+
+def mgpu_copy_out(*tiles):
+    """Copies each (tile in shared memory, its place in global memory) out by TMA, once
+    the kernel's writes to shared memory are visible to it, and waits for the copies."""
+    plgpu.commit_smem()
+    for smem, ref in tiles:
+        plgpu.copy_smem_to_gmem(smem, ref)
+    plgpu.wait_smem_to_gmem(0)
 
 
 def mgpu_load(ref, shape, dims):
@@ -917,19 +973,22 @@ def mask(shape, *inside):
     return mask
 
 
-def load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
+def load(ref, where, other=None):
+    """A GPU block, masked where `where` says: a mask of the block, or a tuple of one
+    `inside` per axis of it (see `mask`); None: the block fits, so a plain load."""
+    where = mask(ref.shape, *where) if isinstance(where, tuple) else where
+    if where is None:
         return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
+    return pltriton.load(ref, mask=where, other=other)
 
 
-def store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
+def store(ref, value, where):
+    """Stores a GPU block, masked where `where` says (as `load`'s; None: the block fits)."""
+    where = mask(ref.shape, *where) if isinstance(where, tuple) else where
+    if where is None:
         ref[...] = value
     else:
-        pltriton.store(ref, value, mask=mask)
+        pltriton.store(ref, value, mask=where)
 
 
 def nbytes(*arrays):

@@ -21,7 +21,11 @@ from pallasgen.backends.gpu.plan import (
     dispatch_arguments,
     kernel_function_name,
     launcher_name,
+    MASKS_COMMENT,
+    comments_above,
     launcher_parameters,
+    mentioned,
+    shape_reads,
     tuned_fields,
 )
 from pallasgen.frontend import ir
@@ -116,8 +120,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         visible = axes(decl)
         if not any(visible):
             return None
-        shape = tuple_code([block_keyword(d) if d else "1" for d in visible])
-        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in visible)})"
+        return tuple_code([inside[d] if d else "None" for d in visible])  # `inside` per axis
 
     def load(decl: ir.ArrayDecl) -> str:
         if swept in decl.dims:
@@ -143,11 +146,13 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         body = list(code.finish)
     else:
         body = list(lowering.whole(store).step)
-    keywords = [
-        *(sizes[d] for d in checked.dims),
-        *(block_keyword(d) for d in [*tunable, *whole]),
-        *(p.name for p in kernel.params),
-    ]
+    # Where this program's blocks start, for positions and skipped blocks.
+    loop = tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else ()
+    body = body if loop else [*used_starts(body, prologue), *body]
+    every = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in [*tunable, *whole])]
+    read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
+    every = [name for name in every if name not in read]
+    keywords = mentioned([*every, *(p.name for p in kernel.params)], [*masks, *loop, *body])
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     defaults = gpu_blocks(checked)
     return GpuPlan(
@@ -168,10 +173,9 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=tuple(masks),
-        # Where this program's blocks start, for positions and skipped blocks.
-        loop=tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else (),
-        body=tuple(body if loop else [*used_starts(body, prologue), *body]),
+        masks=(*read_line, MASKS_COMMENT, *masks),
+        loop=comments_above(loop),
+        body=comments_above(body),
         tiling=tiling,
     )
 

@@ -9,6 +9,7 @@ masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -75,7 +76,7 @@ class GpuPlan:
     kernel_callable: str
     parameters: str  # of the GPU launcher
     dispatch_arguments: str  # the keywords the public function binds for the launcher
-    masks: tuple[str, ...]  # which rows, columns... of this program's blocks lie inside the arrays
+    masks: tuple[str, ...]  # the blocks read from the output's shape; which positions of them lie inside the arrays
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
@@ -91,23 +92,27 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
 
 def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[str]) -> dict:
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
-    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names."""
+    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names. Sizes come
+    in the blocks' order, then the other dimensions' (`rt.triton_options` clamps each
+    block by its dimension's size)."""
+    dims = [*tunable, *(d for d in checked.dims if d not in tunable)]
     tuned: dict[str, dict] = {}
     for entry in sorted(checked.tuned_for("gpu"), key=lambda t: (t.chip, t.sizes)):
         at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
-        key = tuple(at[d] for d in checked.dims)
+        key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
     chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
     comment = (
         f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
-        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(checked.dims)}) shown (the spec's"
-        " .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the spec's)."
+        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(dims)}) shown (the spec's"
+        " .tuning.json file), the nearest entry winning; None: any other GPU (the spec's)."
+        " rt.triton_options clamps the blocks (a small dimension: one masked block)."
     )
     return {
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
-        "call_sizes": tuple_code([sizes[d] for d in checked.dims]),
-        "options_comment": tuple(textwrap.wrap(comment, 86)),
+        "call_sizes": tuple_code([sizes[d] for d in dims]),
+        "options_comment": tuple(textwrap.wrap(comment, 96)),
     }
 
 
@@ -146,6 +151,37 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
         for d in space.dims
         if d.reductions and d.name != space.contracted and not (d.reduced and d.name in checked.blocks)
     ]
+
+
+MASKS_COMMENT = "# Which positions of this program's blocks lie inside the arrays (None: no edge)."
+
+
+def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
+    """The blocks a kernel reads from the shape of an array's block (`ref`), and the
+    line that reads them (none: its block has no blocked axis)."""
+    axes = next(a for a in tiling.arrays if a.name == array).axes
+    names = [block_keyword(a.dim) if a.extent == "block" else "_" for a in axes if a.extent != "squeezed"]
+    read = [name for name in names if name != "_"]
+    return read, [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {ref}.shape"] if read else []
+
+
+def comments_above(lines, indent: int = 4) -> tuple[str, ...]:
+    """A function body's lines (at `indent`), each comment after code that would not fit
+    a line with it moved to a line of its own above the code (black would split the code)."""
+    out = []
+    for line in lines:
+        code, _, comment = line.partition("  # ")
+        if comment and indent + len(line) > 100 and "#" not in code and code.count('"') % 2 == 0:
+            out += [f"{code[: len(code) - len(code.lstrip())]}# {comment}", code]
+        else:
+            out.append(line)
+    return tuple(out)
+
+
+def mentioned(names, lines) -> list[str]:
+    """The `names` that `lines` (a kernel's code) read: the statics it takes."""
+    words = set(re.findall(r"\w+", "\n".join(lines)))
+    return [name for name in names if name in words]
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -199,13 +235,13 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         return [dim for dim, out_dim in array_positions(decl, out_dims, product) if out_dim not in squeezed]
 
     def mask(axes: list[str | None], whole: bool = True) -> str | None:
-        """The mask of a block with these axes, or None if no axis can overhang."""
+        """The mask of a block with these axes (its `inside` per axis, or the output
+        block's mask), or None if no axis can overhang."""
         if not any(axes):
             return None
         if whole and axes == visible(kernel.outputs[0]):
             return whole_mask
-        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+        return tuple_code([inside[d] if d else "None" for d in axes])
 
     def load(decl: ir.ArrayDecl) -> str:
         axes_mask = mask(visible(decl))
@@ -222,7 +258,9 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         if d not in squeezed
     ]
     masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
-    masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
+    out_shape = tuple_code([block_keyword(d) if d else "1" for d in out_axes])
+    out_mask = mask(out_axes, whole=False)
+    masks.append(f"{whole_mask} = {f'rt.mask({out_shape}, {out_mask[1:-1]})' if out_mask else None}")
     spelling = KernelSpelling(
         tuple(d for d in out_dims if d not in squeezed),
         sizes,
@@ -240,9 +278,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         loop, body = _reduction_loop(lowered, namer, looped, spelling, load, store, mask, visible, inside)
     else:
         body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
+    read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
     kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
     kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]
-    kernel_keywords += [p.name for p in kernel.params]
+    kernel_keywords = [name for name in kernel_keywords if name not in read] + [p.name for p in kernel.params]
     if product is not None:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
     return GpuPlan(
@@ -270,9 +309,9 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=tuple(masks),
-        loop=tuple(loop),
-        body=tuple(body),
+        masks=(*read_line, MASKS_COMMENT, *masks),
+        loop=comments_above(loop),
+        body=comments_above(body),
         tiling=tiling,
     )
 
@@ -321,9 +360,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     def sliced_load(decl: ir.ArrayDecl) -> str:
         axes = visible(decl)
         indexer = ", ".join(f"pl.ds({start}, {block})" if d == dim else ":" for d in axes)
-        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        masked = f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
-        return f"rt.load({refs[decl.name]}.at[{indexer}], {masked})"
+        return f"rt.load({refs[decl.name]}.at[{indexer}], {tuple_code([inside[d] if d else 'None' for d in axes])})"
 
     reductions = stepped_reductions(lowered, namer, sweep, emitter, start, block, in_refs=False)
     shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
@@ -392,9 +429,7 @@ def _product_loop(
             if k_first
             else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
         )
-        shape = tuple_code([block_keyword(d) for d in axes])
-        mask = f"rt.mask({shape}, {', '.join(inside[d] for d in axes)})"
-        loads.append(f"{values[operand.name]} = rt.load({view}, {mask}, other=0)")
+        loads.append(f"{values[operand.name]} = rt.load({view}, {tuple_code([inside[d] for d in axes])}, other=0)")
     accumulate = jnp_dtype(product.accumulator.name)
     lhs, rhs = (values[o.name] for o in product.operands)
     return [

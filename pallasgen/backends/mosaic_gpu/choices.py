@@ -17,15 +17,15 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.backends.mosaic_gpu.support import PRODUCT_TILE, WGMMA_DTYPES, refusal
+from pallasgen.runtime.constants import MGPU_ACCUMULATOR_MOST as ACCUMULATOR_MOST
+from pallasgen.runtime.constants import MGPU_BLOCKS_M as BLOCKS_M
+from pallasgen.runtime.constants import MGPU_BLOCKS_N as BLOCKS_N
+from pallasgen.runtime.constants import MGPU_SMEM_PER_BLOCK as SMEM_PER_BLOCK
+from pallasgen.runtime.constants import MGPU_STAGES as STAGE_CHOICES
 
 PREFIX = "mgpu_"
 STAGES = "stages"  # the option's name in a tuning file; its keyword is PREFIX + STAGES
-BLOCKS_M = (64, 128)  # one warpgroup's wgmma rows, once or twice
-BLOCKS_N = (64, 128, 256)  # wgmma's N: a multiple of 8 up to 256
-ACCUMULATOR_MOST = 128 * 128  # f32 elements of one warpgroup's accumulator: 128 registers a thread
-STAGE_CHOICES = (1, 2, 3, 4, 5, 6)
 DEFAULT_STAGES = 2
-SMEM_PER_BLOCK = 227 * 1024  # the shared memory an H100 (or H200) gives one block
 
 
 def tunable(checked: CheckedKernel) -> bool:
@@ -99,10 +99,23 @@ def smem_bytes(checked: CheckedKernel, blocks: dict[str, int], stage_count: int)
 
 
 def smem_code(checked: CheckedKernel, block_names: dict[str, str], stages_name: str) -> str:
-    """`smem_bytes` as Python source, of the launcher's names for the blocks and stages."""
-    staged = [" * ".join([str(b), *(block_names[d] for d in dims)]) for b, dims, s in smem_terms(checked) if s]
-    held = [" * ".join([str(b), *(block_names[d] for d in dims)]) for b, dims, s in smem_terms(checked) if not s]
-    return " + ".join([f"{stages_name} * ({' + '.join(staged)})", *held])
+    """`smem_bytes` as Python source, of the launcher's names for the blocks and stages:
+    the operands' K blocks (of one dtype) per stage, then the blocks held once, those of
+    the same shape summed."""
+    product = checked.product
+    terms = smem_terms(checked)
+    size = terms[0][0]  # an operand element's bytes
+    m, n, k = (block_names[d] for d in (product.m, product.n, product.k))
+    held: dict[tuple[str, ...], int] = {}
+    for b, dims, staged in terms:
+        if not staged:
+            held[dims] = held.get(dims, 0) + b
+    return " + ".join(
+        [
+            f"{stages_name} * {size} * ({m} + {n}) * {k}",
+            *(" * ".join([str(b), *(block_names[d] for d in dims)]) for dims, b in held.items()),
+        ]
+    )
 
 
 def problem(checked: CheckedKernel, blocks: dict[str, int], stage_count: int) -> str | None:

@@ -34,8 +34,9 @@ from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
 from pallasgen.lowering.parts import parameter_list, tuple_code
@@ -349,9 +350,7 @@ class FusedPlanner:
         name = self.namer.claim("operand_smem")
         shape = tuple_code([block_keyword(a) for a in axes])
         dtype = jnp_dtype(dtype)
-        self.scratches.append(
-            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
-        )
+        self.scratches.append((name, f"rt.mgpu_smem({shape}, {dtype})"))
         return name
 
     def plan(self):
@@ -360,25 +359,23 @@ class FusedPlanner:
         streamed = [d for d in kernel.inputs if self.checked.sweep.dim in d.dims]
         once = [d for d in kernel.inputs if d not in streamed]
         barrier = self.namer.claim("barrier")
-        body = self._program()
+        out = kernel.outputs[0]  # the blocks of its tile in shared memory, read from the tile's shape
+        read = [block_keyword(d) for d in out.dims if d not in self.fused.batch]
+        body = [f"{', '.join(read)}{',' if len(read) == 1 else ''} = {self.smem[out.name]}.shape", *self._program()]
         for number, decl in enumerate(once):
-            body += [
-                f"plgpu.copy_gmem_to_smem({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
-            ]
+            body.append(f"rt.mgpu_copy_in({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])")
         body += [
             *code.before,
             *self._pipeline(code, lowering, streamed),
             *code.finish,
-            "plgpu.commit_smem()",
-            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {self._at(d)})" for d in kernel.outputs),
-            "plgpu.wait_smem_to_gmem(0)",
+            f"rt.mgpu_copy_out({', '.join(f'({self.smem[d.name]}, {self._at(d)})' for d in kernel.outputs)})",
         ]
         scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
         if once:  # a barrier per input copied once
             scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
-        keywords = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
-        keywords += [p.name for p in kernel.params]
+        every = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
+        every = [name for name in every if name not in read]
+        keywords = mentioned([*every, *(p.name for p in kernel.params)], body)
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
         parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
         return self.base.finish(parameters, body, self._launcher(keywords, [t for _, t in scratch]))
@@ -421,17 +418,9 @@ class FusedPlanner:
 
     def _program(self) -> list[str]:
         """Which batch element and blocks this program computes, decoded from its index."""
-        program = self.namer.claim("program")
-        lines = [f"{program} = jax.lax.axis_index('programs')"]
-        for d in reversed(self.grid):
-            if d == self.grid[0]:
-                lines.append(f"{self.index[d]} = {program}")
-            else:
-                count = self._count(d)
-                lines += [
-                    f"{self.index[d]} = jax.lax.rem({program}, {count})",
-                    f"{program} = jax.lax.div({program}, {count})",
-                ]
+        indices = ", ".join(self.index[d] for d in self.grid) + ("," if len(self.grid) == 1 else "")
+        counts = ", ".join(self._count(d) for d in self.grid[1:])
+        lines = [f"{indices} = rt.mgpu_grid_indices({counts})"] if self.grid else []  # one program: none
         return lines + [f"{self.starts[d]} = {self.index[d]} * {block_keyword(d)}" for d in self.fused.parallel]
 
     def _at(self, decl) -> str:
@@ -455,7 +444,7 @@ class FusedPlanner:
         shape = tuple_code([block_keyword(d) for d in dims])
         dtype = jnp_dtype(decl.dtype)
         if len(dims) == 2:
-            return f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
+            return f"rt.mgpu_smem({shape}, {dtype})"
         return f"plgpu.SMEM({shape}, {dtype})"
 
     def _spec(self, decl) -> str:
@@ -463,11 +452,10 @@ class FusedPlanner:
         fused, swept = self.fused, self.checked.sweep.dim
         dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
         index_map = tuple_code(["i" if d == swept else "0" for d in dims])
-        transforms = ""
+        shape = tuple_code([block_keyword(d) for d in dims])
         if len(dims) == 2:
-            dtype = jnp_dtype(decl.dtype)
-            transforms = f", transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
-        return f"plgpu.BlockSpec({tuple_code([block_keyword(d) for d in dims])}, lambda i: {index_map}{transforms})"
+            return f"rt.mgpu_spec({shape}, lambda i: {index_map}, {jnp_dtype(decl.dtype)})"
+        return f"plgpu.BlockSpec({shape}, lambda i: {index_map})"
 
     def _pipeline(self, code, lowering, streamed) -> list[str]:
         """The pass over the swept dimension's blocks: a pipeline carrying the running values;
@@ -503,7 +491,7 @@ class FusedPlanner:
             f"{unpacked} = plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({self._count(swept)},),",
-            f"    in_specs=[{', '.join(self._spec(d) for d in streamed)}],",
+            f"    in_specs={spec_list(self._spec(d) for d in streamed)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry=({', '.join(initial)},),",
             f")({', '.join(self._at(d) for d in streamed)})",
@@ -512,7 +500,7 @@ class FusedPlanner:
     def _launcher(self, keywords, scratch_types) -> tuple[str, ...]:
         """Blocks, the arrays padded, the kernel, its outputs sliced back to their layout."""
         kernel, sizes = self.kernel, self.sizes
-        lines = [f"{block_keyword(d)} = {BLOCK}" for d in self.blocked]
+        lines = compact([f"{block_keyword(d)} = {BLOCK}" for d in self.blocked])
         for d in self.whole:
             lines += [
                 f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
@@ -520,11 +508,12 @@ class FusedPlanner:
                 f'    raise ValueError(f\'{kernel.name}: gpu_backend="mosaic_gpu" holds {d} whole, up to {WIDEST};'
                 f' got {d}={{{sizes[d]}}} (use gpu_backend="triton")\')',
             ]
-        lines += [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
+        padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
         for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
             value = self.values[decl.name]
             own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
-            lines.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
+            padding.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
+        lines += compact(padding)
         out_types = ", ".join(
             f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
             for o in kernel.outputs

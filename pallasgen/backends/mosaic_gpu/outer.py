@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, reductions, sized_dims
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -82,13 +82,9 @@ class OuterPlanner:
             dims = [d for d in own(decl) if d in plane or (stepped and d == reduced)]
             block = tuple_code(["None" if d == reduced else block_keyword(d) for d in dims])
             index = tuple_code(["s" if d == reduced else program[d] for d in dims])
-            planar = [d for d in dims if d in plane]
-            swizzle = (
-                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(plane[1])})"
-                if len(planar) == 2
-                else ""
-            )
-            return f"plgpu.BlockSpec({block}, lambda s: {index}{swizzle})"
+            if len([d for d in dims if d in plane]) == 2:  # its last axis is the plane's second
+                return f"rt.mgpu_spec({block}, lambda s: {index}, {jnp_dtype(decl.dtype)})"
+            return f"plgpu.BlockSpec({block}, lambda s: {index})"
 
         def loads(decls) -> list[str]:
             lines = []
@@ -109,7 +105,7 @@ class OuterPlanner:
             update.append(f"{running[node]} = {FUNCTIONS[kind].reducer.merge.format(running[node], value)}")
         carried = tuple_code(names)
         body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in (*outer, *plane)),
+            *program_lines({d: program[d] for d in (*outer, *plane)}),
             "",
             f"def {reduce_step}(_, {', '.join([*(smem[d.name] for d in swept), carry])}):",
             f"    {carried} = {carry}",
@@ -120,7 +116,7 @@ class OuterPlanner:
             f"{carried} = plgpu.emit_pipeline(",
             f"    {reduce_step},",
             f"    grid=({sizes[reduced]},),",
-            f"    in_specs=[{', '.join(spec(d, True) for d in swept)}],",
+            f"    in_specs={spec_list(spec(d, True) for d in swept)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry={tuple_code(initial)},",
             f")({', '.join(ref_at(d) for d in swept)})",
@@ -146,8 +142,8 @@ class OuterPlanner:
             "plgpu.emit_pipeline(",
             f"    {write_step},",
             "    grid=(1,),",
-            f"    in_specs=[{', '.join(spec(d, False) for d in rest)}],",
-            f"    out_specs=[{', '.join(spec(d, False) for d in kernel.outputs)}],",
+            f"    in_specs={spec_list(spec(d, False) for d in rest)},",
+            f"    out_specs={spec_list(spec(d, False) for d in kernel.outputs)},",
             f")({', '.join(ref_at(d) for d in (*rest, *kernel.outputs))})",
         ]
         sized = [sizes[d] for d in layout if d in sized_dims(kernel) or d == reduced]

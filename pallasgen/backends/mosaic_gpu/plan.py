@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.gpu.plan import comments_above
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.fused import FusedPlanner
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
@@ -34,6 +35,9 @@ from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
     SMEM_BUDGET,
+    compact,
+    program_lines,
+    spec_list,
     refusal,
     sized_dims,
 )
@@ -183,9 +187,10 @@ class _Planner:
     def launcher(self, blocks: dict[str, int], multiples: dict[str, str], reshapes: list[str], kernel_call: list[str]):
         """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
         kernel, sizes = self.kernel, self.sizes
-        lines = [f"{block_keyword(d)} = {b}" for d, b in blocks.items()]
-        lines += [f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()]
-        lines += reshapes
+        lines = compact([f"{block_keyword(d)} = {b}" for d, b in blocks.items()])
+        lines += compact(
+            [*(f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()), *reshapes]
+        )
         outs = [self.values[o.name] for o in kernel.outputs]
         lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
         cropped = []
@@ -223,7 +228,7 @@ class _Planner:
             launcher_name(kernel.name),
             kernel_function_name(kernel.name),
             kernel_parameters,
-            tuple(kernel_body),
+            comments_above(kernel_body),
             launcher,
             launcher_body,
             f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
@@ -261,12 +266,9 @@ class _ElementwisePlanner(_Planner):
             dims = plane_dims(decl)
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
-            swizzle = (
-                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
-                if len(dims) == 2
-                else ""
-            )
-            return f"plgpu.BlockSpec({shape}, lambda _: {index}{swizzle})"
+            if len(dims) == 2:  # its last axis is the minor one
+                return f"rt.mgpu_spec({shape}, lambda _: {index}, {jnp_dtype(decl.dtype)})"
+            return f"plgpu.BlockSpec({shape}, lambda _: {index})"
 
         def load(decl: ir.ArrayDecl) -> str:
             if len(layout) == 1:
@@ -291,7 +293,7 @@ class _ElementwisePlanner(_Planner):
         ]
         refs = [self.refs[d.name] for d in arrays]
         kernel_body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            *program_lines({d: program[d] for d in layout}),
             "",
             f"def {step}(_, {', '.join(self.smem[d.name] for d in arrays)}):",
             *(f"    {line}" for line in body),
@@ -299,8 +301,8 @@ class _ElementwisePlanner(_Planner):
             "plgpu.emit_pipeline(",
             f"    {step},",
             "    grid=(1,),",
-            f"    in_specs=[{', '.join(spec(d) for d in kernel.inputs)}],",
-            f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
+            f"    in_specs={spec_list(spec(d) for d in kernel.inputs)},",
+            f"    out_specs={spec_list(spec(d) for d in kernel.outputs)},",
             f")({', '.join(at_batch(d) for d in arrays)})",
         ]
         sized = [sizes[d] for d in layout if d in sized_dims(kernel)]
@@ -383,27 +385,23 @@ class _ProductPlanner(_Planner):
         def at_batch(ref: str) -> str:
             return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
 
-        def swizzled(dtype: str, minor: str) -> str:
-            return f"rt.mgpu_swizzled({jnp_dtype(dtype)}, {block_keyword(minor)})"
-
         def tile(dims) -> str:
             return ", ".join(f"pl.ds({program[d]} * {block_keyword(d)}, {block_keyword(d)})" for d in dims)
 
         rhs_dims = (n, k) if rhs_n_major else (k, n)
         rhs_tile = f"{rhs_smem}.T" if rhs_n_major else rhs_smem
         specs = [
-            f"plgpu.BlockSpec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), transforms={swizzled(lhs.dtype.name, k)})",
-            f"plgpu.BlockSpec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
+            f"rt.mgpu_spec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), {jnp_dtype(lhs.dtype.name)})",
+            f"rt.mgpu_spec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
             f"lambda s: {'(' + program[n] + ', s)' if rhs_n_major else '(s, ' + program[n] + ')'}, "
-            f"transforms={swizzled(rhs.dtype.name, rhs_dims[1])})",
+            f"{jnp_dtype(rhs.dtype.name)})",
         ]
         own = {d.name: [x for x in layout_of(d, layout, product) if x] for d in epilogue}
         loads = []
         for number, decl in enumerate(epilogue):
-            loads += [
-                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{tile(own[decl.name])}], {self.smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
-            ]
+            loads.append(
+                f"rt.mgpu_copy_in({self.refs[decl.name]}.at[{tile(own[decl.name])}], {self.smem[decl.name]}, {barrier}.at[{number}])"
+            )
         tile_shape = tuple_code([block_keyword(m), block_keyword(n)])
 
         def load(decl: ir.ArrayDecl) -> str:
@@ -428,35 +426,32 @@ class _ProductPlanner(_Planner):
             "plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({self.refs[lhs.name]}.shape[-1] // {block_keyword(k)},),",
-            f"    in_specs=[{', '.join(specs)}],",
+            f"    in_specs={spec_list(specs)},",
             f"    max_concurrent_steps={pipeline_stages},",
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,
             *epilogue_body,
         ]
         kernel_body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            *program_lines({d: program[d] for d in layout}),
             "",
             f"def {scope}({acc_ref}):  # the accumulator in registers, for this block's K steps and epilogue",
             *(f"    {line}" for line in accumulate),
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
-            "plgpu.commit_smem()",
-            *(
-                f"plgpu.copy_smem_to_gmem({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
+            "rt.mgpu_copy_out("
+            + ", ".join(
+                f"({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
                 for o in kernel.outputs
-            ),
-            "plgpu.wait_smem_to_gmem(0)",
+            )
+            + ")",
         ]
         scratch = [
-            *(
-                f"plgpu.SMEM({tile_shape}, {jnp_dtype(o.dtype)}, transforms={swizzled(o.dtype, n)})"
-                for o in kernel.outputs
-            ),
+            *(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})" for o in kernel.outputs),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
-                f"plgpu.SMEM({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)}"
-                + (f", transforms={swizzled(d.dtype, n)})" if len(own[d.name]) == 2 else ")")
+                f"{'rt.mgpu_smem' if len(own[d.name]) == 2 else 'plgpu.SMEM'}"
+                f"({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)})"
                 for d in epilogue
             ),
         ]
@@ -521,7 +516,7 @@ class _ProductPlanner(_Planner):
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
         return (
-            *textwrap.wrap(comment, 86, initial_indent="# ", subsequent_indent="# "),
+            *textwrap.wrap(comment, 98, initial_indent="# ", subsequent_indent="# "),
             f"{self.table_name} = {{{', '.join(rows)}}}",
         )
 
@@ -533,17 +528,14 @@ class _ProductPlanner(_Planner):
         """The launcher's first lines: its blocks and stages from the table where not
         given, each checked (`rt.mgpu_check_choices`)."""
         checked, product = self.checked, self.checked.product
-        allowed = choices.allowed(checked)
         names = ", ".join(chosen.values())
-        block_names = {d: block_keyword(d) for d in choices.block_choices(checked)}
-        checks = ", ".join(f"{k!r}: ({local}, {allowed[k]!r})" for k, local in chosen.items())
-        smem = choices.smem_code(checked, block_names, chosen[choices.PREFIX + choices.STAGES])
+        blocks = choices.block_choices(checked)
+        smem = self.namer.claim("smem_bytes")
+        bytes_code = choices.smem_code(
+            checked, {d: block_keyword(d) for d in blocks}, chosen[choices.PREFIX + choices.STAGES]
+        )
         return [
             f"{names} = rt.gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
-            f"rt.mgpu_check_choices(",
-            f"    {self.kernel.name!r},",
-            f"    {{{checks}}},",
-            f"    ({block_names[product.m]} * {block_names[product.n]}, {choices.ACCUMULATOR_MOST}),",
-            f"    ({smem}, {choices.SMEM_PER_BLOCK}),",
-            ")",
+            f"{smem} = {bytes_code}",
+            f"rt.mgpu_check_choices({self.kernel.name!r}, {' '.join(blocks)!r}, ({names}), {blocks[product.k]!r}, {smem})",
         ]

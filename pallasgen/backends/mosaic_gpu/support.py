@@ -8,6 +8,8 @@ here, so a kernel taken lowers on both. A kernel refused keeps Triton, and its
 
 from __future__ import annotations
 
+import re
+
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
@@ -45,6 +47,52 @@ OUTPUT_TILES_BUDGET = 128 * 1024
 # Operand dtypes of a product that wgmma takes (f32 as TF32), with the depth of a K
 # block: 128 bytes, one swizzled row.
 WGMMA_DTYPES = {"bf16": 64, "f16": 64, "f32": 32, "i8": 128}
+
+
+def program_lines(program: dict[str, str]) -> list[str]:
+    """A kernel's first lines: the index of each grid dimension (`program` maps it to its
+    name), in one assignment where that fits a line of the kernel's body."""
+    names, values = list(program.values()), [f"jax.lax.axis_index({d!r})" for d in program]
+    line = f"{', '.join(names)} = {', '.join(values)}"
+    return [line] if len(line) <= 96 else [f"{n} = {v}" for n, v in zip(names, values)]
+
+
+def spec_list(specs) -> str:
+    """A pipeline's list of BlockSpecs: `[spec] * n` where all n are the same block."""
+    specs = list(specs)
+    if len(specs) > 1 and len(set(specs)) == 1:
+        return f"[{specs[0]}] * {len(specs)}"
+    return f"[{', '.join(specs)}]"
+
+
+def compact(lines: list[str], width: int = 96) -> list[str]:
+    """Assignments (`name = value`, one a line, in order) in fewer lines, as the same
+    values computed in the same order: a value assigned and then only passed on once
+    is written where it is passed (`x = f(x)` after `x = g(x)`: `x = f(g(x))`), and
+    values that need no name assigned before them in the line share one assignment
+    (`a, b = f(x), g(y)`), within `width`."""
+    pairs: list[tuple[str, str]] = []
+    for line in lines:
+        name, value = line.split(" = ", 1)
+        uses = re.findall(rf"\b{name}\b", value)
+        if pairs and pairs[-1][0] == name and len(uses) == 1 and "#" not in pairs[-1][1]:
+            value = re.sub(rf"\b{name}\b", lambda _: pairs.pop()[1], value)
+        pairs.append((name, value))
+    out: list[list[tuple[str, str]]] = []
+    for name, value in pairs:
+        group = out[-1] if out else None
+        words = set(re.findall(r"\w+", value))
+        joined = group and [*group, (name, value)]
+        if (
+            group
+            and "#" not in value
+            and all("#" not in v and n != name and n not in words for n, v in group)
+            and len(f"{', '.join(n for n, _ in joined)} = {', '.join(v for _, v in joined)}") <= width
+        ):
+            group.append((name, value))
+        else:
+            out.append([(name, value)])
+    return [f"{', '.join(n for n, _ in g)} = {', '.join(v for _, v in g)}" for g in out]
 
 
 def refusal(checked: CheckedKernel) -> str | None:

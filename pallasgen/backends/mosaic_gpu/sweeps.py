@@ -24,7 +24,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -182,8 +182,7 @@ class SweepPlanner:
         body = [f"{program} = jax.lax.axis_index({kept!r})"]
         for number, decl in enumerate(kept_inputs):
             body += [
-                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
+                f"rt.mgpu_copy_in({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
                 f"{self.values[decl.name]} = rt.mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._kept_statements(0)
@@ -192,14 +191,15 @@ class SweepPlanner:
             body += self._kept_statements(number)
         for decl in kept_outputs:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
-        if kept_outputs:
-            body.append("plgpu.commit_smem()")
-            body += [
-                f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs
-            ]
-        if block_outputs:
+        copies = [f"({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs]
+        if block_outputs:  # the kept outputs' copies run on beside the output pass's
+            if kept_outputs:
+                body.append("plgpu.commit_smem()")
+                body += [f"plgpu.copy_smem_to_gmem{copy}" for copy in copies]
             body += self._output_pass(block_outputs, out_smem, program, steps)
-        body.append("plgpu.wait_smem_to_gmem(0)")
+            body.append("plgpu.wait_smem_to_gmem(0)")
+        else:
+            body.append(f"rt.mgpu_copy_out({', '.join(copies)})")
 
         # A barrier per input of the kept dimension alone, for its one copy in.
         scratch = [f"plgpu.Barrier(num_barriers={len(kept_inputs)})"] if kept_inputs else []
@@ -207,8 +207,7 @@ class SweepPlanner:
             f"plgpu.SMEM(({block_keyword(kept)},), {jnp_dtype(d.dtype)})" for d in (*kept_inputs, *kept_outputs)
         ]
         scratch += [
-            f"plgpu.SMEM((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)}, "
-            f"transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
+            f"rt.mgpu_smem((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)})"
             for d in block_outputs
         ]
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
@@ -248,9 +247,8 @@ class SweepPlanner:
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
         cols = block_keyword(self.columns)
         if len(decl.dims) == 2:
-            transforms = f"rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {cols})"
             index = f"({program}, s)" if self.axis == 1 else f"(s, {program})"
-            return f"plgpu.BlockSpec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, transforms={transforms})"
+            return f"rt.mgpu_spec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, {jnp_dtype(decl.dtype)})"
         return f"plgpu.BlockSpec(({block_keyword(self.swept)},), lambda s: (s,))"
 
     def _block_loads(self, inputs) -> list[str]:
@@ -261,12 +259,11 @@ class SweepPlanner:
         ]
 
     def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:
-        specs = ", ".join(self._block_spec(d, program) for d in inputs)
         return [
             "plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({steps},),",
-            f"    in_specs=[{specs}],",
+            f"    in_specs={spec_list(self._block_spec(d, program) for d in inputs)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             *([f"    init_carry={carry},"] if carry else []),
             f")({', '.join(self.refs[d.name] for d in inputs)})",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -102,32 +102,25 @@ class TotalsPlanner:
                 f"    {block} = jnp.where({positions} < {sizes[dim]}, {block}, {identity(kind, dtype)})",
                 *self._partial_lines(node, block, shape, positions),
             ]
-        specs = ", ".join(
-            f"plgpu.BlockSpec({shape}, lambda _: ({program}, 0), transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {columns}))"
-            for d in inputs
-        )
+        specs = spec_list(f"rt.mgpu_spec({shape}, lambda _: ({program}, 0), {jnp_dtype(d.dtype)})" for d in inputs)
         kernel_body = [
             f"{program} = jax.lax.axis_index({dim!r})",
             *(
-                line
+                f"rt.mgpu_copy_in({self.refs[d.name]}, {base.smem[d.name]}, {barrier}.at[{number}])"
                 for number, d in enumerate(scalars)
-                for line in (
-                    f"plgpu.copy_gmem_to_smem({self.refs[d.name]}, {base.smem[d.name]}, {barrier}.at[{number}])",
-                    f"plgpu.barrier_wait({barrier}.at[{number}])",
-                )
             ),
             "",
             f"def {step}(_, {', '.join(smem)}):",
             *(f"    {line}" for line in body),
             "",
-            f"plgpu.emit_pipeline({step}, grid=(1,), in_specs=[{specs}])({', '.join(self.refs[d.name] for d in inputs)})",
-            "plgpu.commit_smem()",
-            *(
-                f"plgpu.copy_smem_to_gmem({smem}, {ref}.at[pl.ds({program} * {ROWS}, {ROWS})])"
+            f"plgpu.emit_pipeline({step}, grid=(1,), in_specs={specs})({', '.join(self.refs[d.name] for d in inputs)})",
+            "rt.mgpu_copy_out("
+            + ", ".join(
+                f"({smem}, {ref}.at[pl.ds({program} * {ROWS}, {ROWS})])"
                 for n in self.reductions
                 for smem, ref in zip(self.partial_smem[n], self.partial_refs[n])
-            ),
-            "plgpu.wait_smem_to_gmem(0)",
+            )
+            + ")",
         ]
         partial_types = {}
         for n in self.reductions:
