@@ -653,7 +653,7 @@ def _attention_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_gpu_kernel,
@@ -1487,7 +1487,7 @@ def _attention_backward_dq_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_gpu_kernel,
@@ -2379,7 +2379,7 @@ def _attention_backward_dkdv_gpu(
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_gpu_kernel,
@@ -3237,7 +3237,7 @@ def _attention_dq_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_dq_gpu_kernel,
@@ -4132,7 +4132,7 @@ def _attention_dkdv_gpu(
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_gpu_kernel,
@@ -4882,7 +4882,7 @@ def _attention_full_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_gpu_kernel,
@@ -5501,7 +5501,7 @@ def _attention_full_with_residuals_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_with_residuals_gpu_kernel,
@@ -6165,7 +6165,7 @@ def _attention_full_backward_dq_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dq_gpu_kernel,
@@ -6873,7 +6873,7 @@ def _attention_full_backward_dkdv_gpu(
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_gpu_kernel,
@@ -7706,7 +7706,7 @@ def _attention_bottom_right_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_gpu_kernel,
@@ -8421,7 +8421,7 @@ def _attention_bottom_right_with_residuals_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_gpu_kernel,
@@ -9228,7 +9228,7 @@ def _attention_bottom_right_backward_dq_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_gpu_kernel,
@@ -10118,7 +10118,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_gpu_kernel,
@@ -10844,7 +10844,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _gqa_gpu_kernel,
@@ -11440,7 +11440,7 @@ def _gqa_with_residuals_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _gqa_with_residuals_gpu_kernel,
@@ -12111,7 +12111,7 @@ def _gqa_backward_dq_gpu(
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_dq_gpu_kernel,
@@ -12827,7 +12827,7 @@ def _gqa_backward_dkdv_gpu(
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_dkdv_gpu_kernel,
@@ -15408,7 +15408,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    block_k = max(16, pl.next_power_of_2(k))  # all of K in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _rmsnorm_matmul_gpu_kernel,
