@@ -12,7 +12,7 @@ and later; kernels Mosaic GPU does not take run on Triton, as their docstrings s
 Each kernel runs through its public function (the platform picks the Triton
 kernel) with default GPU blocks, and with 16-wide blocks so that small sizes span
 several programs. It is compared with its independent NumPy float64 reference
-where tests/kernel_cases.py has one, and with `NAME_reference` run by XLA on the
+where tests/kernel_cases.py has one, and with `NAME.reference` run by XLA on the
 CPU otherwise (products: float64 einsum of the operands for plain products).
 Under `compute-sanitizer --tool memcheck` this also proves no access leaves its
 array.
@@ -69,7 +69,7 @@ def small_gpu_blocks(function) -> dict[str, int]:
 
 
 def cpu_reference(module: str, kernel: str, arrays):
-    reference = getattr(generated_module(module), f"{kernel}_reference")
+    reference = getattr(generated_module(module), kernel).reference
     cpu = jax.devices("cpu")[0]
     return tuple(np.asarray(o) for o in as_tuple(jax.jit(reference)(*(jax.device_put(a, cpu) for a in arrays))))
 

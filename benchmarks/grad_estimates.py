@@ -43,7 +43,7 @@ def main() -> None:
     path = ROOT / "generated" / f"{spec}.py"
     module = load_module(path.read_text(encoding="utf-8"), path)
     kernel = functools.partial(getattr(module, name), interpret=False)
-    function = getattr(module, f"{name}_reference") if args.side == "xla" else kernel
+    function = getattr(module, name).reference if args.side == "xla" else kernel
     estimator = Estimator(args.chip, Path(tempfile.mkdtemp(prefix="llo_profile_")))
     inputs = arguments(checked, sizes, estimator.sharding)
     cotangents = [struct(decl, sizes, estimator.sharding) for decl in float_outputs(checked)]

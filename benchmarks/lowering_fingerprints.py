@@ -4,9 +4,11 @@ kernels as they were.
 For every kernel of every spec (derived backward kernels included), at the sizes
 `pallasgen run` uses, it lowers the public function for TPU (the Mosaic kernels' own MLIR,
 read back from their custom calls), for CUDA with Triton (the tt IR) and for CUDA with
-Mosaic GPU, with debug locations left out, and prints a hash of each as JSON. No device is
-needed. Equal hashes before and after a change mean the same kernels and the same code
-around them, so the same TPU estimates; compare two runs with --compare.
+Mosaic GPU, with debug locations left out, and prints a hash of each as JSON; and under
+KEY:around, a hash of the XLA module around the kernels (what the public function does
+before and after them: reshapes, transposes, padding; and the names jax gives it). No
+device is needed. Equal kernel hashes before and after a change mean the same kernels,
+so the same TPU estimates of them; compare two runs with --compare.
 
     python benchmarks/lowering_fingerprints.py > before.json
     (change, rebuild)
@@ -57,7 +59,7 @@ def tpu_text(function, args) -> list[str]:
 
 
 def triton_text(function, args) -> list[str]:
-    return [f"{k.name} {k.num_warps} {k.num_stages} {k.grid}\n{k.ttir}" for k in triton_ir(function, args)]
+    return ["", *(f"{k.name} {k.num_warps} {k.num_stages} {k.grid}\n{k.ttir}" for k in triton_ir(function, args))]
 
 
 def mosaic_gpu_text(function, args) -> list[str]:
@@ -80,8 +82,7 @@ def mosaic_gpu_text(function, args) -> list[str]:
                 body = ir.Module.parse(ir.StringAttr(config["module"]).value_bytes)
                 texts.append(body.operation.get_asm(enable_debug_info=False))
                 del op.attributes["mhlo.backend_config"]  # it holds the module with its locations
-        texts.append(module.operation.get_asm(enable_debug_info=False))
-    return texts
+    return [module.operation.get_asm(enable_debug_info=False), *texts]
 
 
 LOWERINGS = {"tpu": tpu_text, "triton": triton_text, "mosaic_gpu": mosaic_gpu_text}
@@ -104,11 +105,20 @@ def fingerprints(root: Path, stems: list[str]) -> dict[str, str]:
             shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
             function = getattr(module, checked.kernel.name)
             for name, lowering in LOWERINGS.items():
+                key = f"{spec.stem}:{checked.kernel.name}:{name}"
                 try:
-                    text = "\n".join(lowering(function, arrays if name == "mosaic_gpu" else shapes))
-                    found[f"{spec.stem}:{checked.kernel.name}:{name}"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+                    around, *kernels = lowering(function, arrays if name == "mosaic_gpu" else shapes)
                 except Exception as error:  # a refusal is part of the fingerprint too
-                    found[f"{spec.stem}:{checked.kernel.name}:{name}"] = f"error: {type(error).__name__}: {error}"[:200]
+                    found[key] = f"error: {type(error).__name__}: {error}"[:200]
+                    continue
+                found[key] = _hash("\n".join(kernels))
+                if around:
+                    found[f"{key}:around"] = _hash(around)
+    return found
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
     return found
 
 

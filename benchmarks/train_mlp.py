@@ -32,8 +32,8 @@ BATCH, FEATURES, HIDDEN, CLASSES = 256, 256, 512, 128
 
 def model(kernels):
     """The loss of the MLP, built from the pallasgen kernels or from their references."""
-    layer = matmul.matmul_bias_gelu if kernels else matmul.matmul_bias_gelu_reference
-    linear = matmul.linear if kernels else matmul.linear_reference
+    layer = matmul.matmul_bias_gelu if kernels else matmul.matmul_bias_gelu.reference
+    linear = matmul.linear if kernels else matmul.linear.reference
     cross_entropy = losses.cross_entropy if kernels else losses.cross_entropy_reference
 
     def loss(params, x, label):

@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/activations.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,133 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords(params={"slope": jnp.float32})
-def leaky(
-    x,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    slope=0.01,
-    interpret=None,
-):
-    """Leaky ReLU with its positive mask.
-
-    `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
-
-    Args:
-      x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      slope: a static f32 (default 0.01).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: f32[M, N]; mask: i32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
-    """
-    (x,), sizes = rt.operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "leaky",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "leaky",
-            sizes,
-            leaky_reference,
-            (((m, n), jnp.float32), ((m, n), jnp.int32)),
-            x,
-            slope=slope,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _leaky_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            slope=slope,
-            interpret=interpret,
-        ),
-        functools.partial(_leaky_vjp, slope=slope, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def leaky_reference(x, *, slope=0.01):
-    """`leaky` in plain jax.numpy, to test the kernel against."""
-    pos = x > 0
-    y = jnp.where(pos, x, x * slope)
-    mask = pos.astype(jnp.int32)
-    return y, mask
-
-
-def _leaky_forward(
-    x,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    slope,
-    interpret,
-):
-    """`leaky` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "leaky",
-        (x,),
-        tpu=functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
-        triton=functools.partial(
-            _leaky_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            slope=slope,
-        ),
-        mosaic_gpu=functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
-    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
-    nothing else: the backward kernels recompute the values they need (pos) from them.
-    """
-    (x,) = saved
-    dy, _ = cotangents
-    dx = leaky_backward(x, dy, slope=slope, gpu_backend=gpu_backend, interpret=interpret)
-    return (dx,)
 
 
 def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
@@ -333,29 +206,36 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     return y[:m, :n], mask[:m, :n]
 
 
-@rt.jit_with_static_keywords(params={"slope": jnp.float32})
-def leaky_backward(
-    x,
-    dy,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    slope=0.01,
-    interpret=None,
-):
-    """The backward pass of `leaky`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
+def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
+    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
+    nothing else: the backward kernels recompute the values they need (pos) from them.
+    """
+    (x,) = saved
+    dy, _ = cotangents
+    dx = leaky_backward(x, dy, slope=slope, gpu_backend=gpu_backend, interpret=interpret)
+    return (dx,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"y": (jnp.float32, ("M", "N")), "mask": (jnp.int32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"slope": jnp.float32},
+    tpu=_leaky_tpu,
+    triton=_leaky_gpu,
+    mosaic_gpu=_leaky_mosaic_gpu,
+    vjp=_leaky_vjp,
+)
+def leaky(x, *, slope=0.01):
+    """Leaky ReLU with its positive mask.
+
+    `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
 
     Args:
       x: f32[M, N].
-      dy: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -363,57 +243,14 @@ def leaky_backward(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N].
+      y: f32[M, N]; mask: i32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
-    (x, dy), sizes = rt.operands(
-        "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "leaky_backward",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "leaky_backward",
-            sizes,
-            leaky_backward_reference,
-            (((m, n), jnp.float32),),
-            x,
-            dy,
-            slope=slope,
-        )
-    return rt.on_platform(
-        "leaky_backward",
-        (x, dy),
-        tpu=functools.partial(
-            _leaky_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
-        ),
-        triton=functools.partial(
-            _leaky_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            slope=slope,
-        ),
-        mosaic_gpu=functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def leaky_backward_reference(x, dy, *, slope=0.01):
-    """`leaky_backward` in plain jax.numpy, to test the kernel against."""
     pos = x > 0
-    dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
-    return dx
+    y = jnp.where(pos, x, x * slope)
+    mask = pos.astype(jnp.int32)
+    return y, mask
 
 
 def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
@@ -592,144 +429,36 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def bias_gelu(
-    x,
-    bias,
-    scale,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    outputs={"dx": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"slope": jnp.float32},
+    tpu=_leaky_backward_tpu,
+    triton=_leaky_backward_gpu,
+    mosaic_gpu=_leaky_backward_mosaic_gpu,
+)
+def leaky_backward(x, dy, *, slope=0.01):
+    """The backward pass of `leaky`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
 
     Args:
-      x: bf16[M, N].
-      bias: f32[N].
-      scale: f32[M].
+      x: f32[M, N].
+      dy: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      slope: a static f32 (default 0.01).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: bf16[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
-    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
+      dx: f32[M, N].
     """
-    (x, bias, scale), sizes = rt.operands(
-        "bias_gelu",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "scale": (scale, jnp.float32, ("M",)),
-        },
-    )
-    rt.check_blocks(
-        "bias_gelu",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "bias_gelu", sizes, bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale
-        )
-    return rt.differentiable(
-        functools.partial(
-            _bias_gelu_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_bias_gelu_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        bias,
-        scale,
-    )
-
-
-def bias_gelu_reference(x, bias, scale):
-    """`bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    scale = scale[:, None]
-    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
-    return y
-
-
-def _bias_gelu_forward(
-    x,
-    bias,
-    scale,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return rt.on_platform(
-        "bias_gelu",
-        (x, bias, scale),
-        tpu=functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _bias_gelu_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
-    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
-    nothing else: the backward kernels recompute the values they need from them.
-    """
-    x, bias, scale = saved
-    dy = cotangents
-    dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dbias = bias_gelu_backward_over_m(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dscale = bias_gelu_backward_over_n(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dx, dbias, dscale
+    pos = x > 0
+    dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
+    return dx
 
 
 def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
@@ -921,103 +650,61 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     return y[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def bias_gelu_backward(
-    x,
-    bias,
-    scale,
-    dy,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
+def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
+    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
+    nothing else: the backward kernels recompute the values they need from them.
+    """
+    x, bias, scale = saved
+    dy = cotangents
+    dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dbias = bias_gelu_backward_over_m(
+        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dscale = bias_gelu_backward_over_n(
+        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dx, dbias, dscale
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "scale": (jnp.float32, ("M",), ("M", 1)),
+    },
+    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_bias_gelu_tpu,
+    triton=_bias_gelu_gpu,
+    mosaic_gpu=_bias_gelu_mosaic_gpu,
+    vjp=_bias_gelu_vjp,
+)
+def bias_gelu(x, bias, scale):
+    """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
 
     Args:
       x: bf16[M, N].
       bias: f32[N].
       scale: f32[M].
-      dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, N].
+      y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
+    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
-    (x, bias, scale, dy), sizes = rt.operands(
-        "bias_gelu_backward",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "scale": (scale, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "bias_gelu_backward",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "bias_gelu_backward",
-            sizes,
-            bias_gelu_backward_reference,
-            (((m, n), jnp.bfloat16),),
-            x,
-            bias,
-            scale,
-            dy,
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return rt.on_platform(
-        "bias_gelu_backward",
-        (x, bias, scale, dy),
-        tpu=functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _bias_gelu_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def bias_gelu_backward_reference(x, bias, scale, dy):
-    """`bias_gelu_backward` in plain jax.numpy, to test the kernel against."""
     bias = bias[None, :]
     scale = scale[:, None]
-    y_1 = x.astype(jnp.float32)
-    y_2 = y_1 * scale + bias
-    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
-    dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
-    )
-    dx = (dy_1 * scale).astype(jnp.bfloat16)
-    return dx
+    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
+    return y
 
 
 def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
@@ -1244,24 +931,22 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def bias_gelu_backward_over_m(
-    x,
-    bias,
-    scale,
-    dy,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "scale": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_bias_gelu_backward_tpu,
+    triton=_bias_gelu_backward_gpu,
+    mosaic_gpu=_bias_gelu_backward_mosaic_gpu,
+)
+def bias_gelu_backward(x, bias, scale, dy):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
 
     Args:
       x: bf16[M, N].
@@ -1269,73 +954,15 @@ def bias_gelu_backward_over_m(
       scale: f32[M].
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dbias: f32[N].
+      dx: bf16[M, N].
     """
-    (x, bias, scale, dy), sizes = rt.operands(
-        "bias_gelu_backward_over_m",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "scale": (scale, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "bias_gelu_backward_over_m",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "bias_gelu_backward_over_m",
-            sizes,
-            bias_gelu_backward_over_m_reference,
-            (((n,), jnp.float32),),
-            x,
-            bias,
-            scale,
-            dy,
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    dbias = rt.on_platform(
-        "bias_gelu_backward_over_m",
-        (x, bias, scale, dy),
-        tpu=functools.partial(
-            _bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        triton=functools.partial(
-            _bias_gelu_backward_over_m_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dbias
-
-
-def bias_gelu_backward_over_m_reference(x, bias, scale, dy):
-    """`bias_gelu_backward_over_m` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
     bias = bias[None, :]
     scale = scale[:, None]
     y_1 = x.astype(jnp.float32)
@@ -1345,9 +972,8 @@ def bias_gelu_backward_over_m_reference(x, bias, scale, dy):
         0.5 * (1 + y_3)
         + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
-    dbias = dbias.reshape((n,))
-    return dbias
+    dx = (dy_1 * scale).astype(jnp.bfloat16)
+    return dx
 
 
 def _bias_gelu_backward_over_m_kernel(
@@ -1638,24 +1264,22 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dbias[:n].reshape((1, n))
 
 
-@rt.jit_with_static_keywords
-def bias_gelu_backward_over_n(
-    x,
-    bias,
-    scale,
-    dy,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
-    of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "scale": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_bias_gelu_backward_over_m_tpu,
+    triton=_bias_gelu_backward_over_m_gpu,
+    mosaic_gpu=_bias_gelu_backward_over_m_mosaic_gpu,
+)
+def bias_gelu_backward_over_m(x, bias, scale, dy):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Args:
       x: bf16[M, N].
@@ -1663,71 +1287,15 @@ def bias_gelu_backward_over_n(
       scale: f32[M].
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dscale: f32[M].
+      dbias: f32[N].
     """
-    (x, bias, scale, dy), sizes = rt.operands(
-        "bias_gelu_backward_over_n",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "scale": (scale, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "bias_gelu_backward_over_n",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "bias_gelu_backward_over_n",
-            sizes,
-            bias_gelu_backward_over_n_reference,
-            (((m,), jnp.float32),),
-            x,
-            bias,
-            scale,
-            dy,
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    dscale = rt.on_platform(
-        "bias_gelu_backward_over_n",
-        (x, bias, scale, dy),
-        tpu=functools.partial(
-            _bias_gelu_backward_over_n_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        triton=functools.partial(
-            _bias_gelu_backward_over_n_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dscale = dscale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dscale
-
-
-def bias_gelu_backward_over_n_reference(x, bias, scale, dy):
-    """`bias_gelu_backward_over_n` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     bias = bias[None, :]
@@ -1739,9 +1307,9 @@ def bias_gelu_backward_over_n_reference(x, bias, scale, dy):
         0.5 * (1 + y_3)
         + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
-    dscale = dscale.reshape((m,))
-    return dscale
+    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dbias = dbias.reshape((n,))
+    return dbias
 
 
 def _bias_gelu_backward_over_n_kernel(
@@ -2032,125 +1600,52 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dscale[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def quantize_rows(
-    x,
-    scale,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and
-    clipped to the int8 range; NaN quantizes to 0.
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "scale": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dscale": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_bias_gelu_backward_over_n_tpu,
+    triton=_bias_gelu_backward_over_n_gpu,
+    mosaic_gpu=_bias_gelu_backward_over_n_mosaic_gpu,
+)
+def bias_gelu_backward_over_n(x, bias, scale, dy):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
+    of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
 
     Args:
-      x: f32[M, N].
+      x: bf16[M, N].
+      bias: f32[N].
       scale: f32[M].
+      dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      q: i8[M, N].
-
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+      dscale: f32[M].
     """
-    (x, scale), sizes = rt.operands(
-        "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
-    )
-    rt.check_blocks(
-        "quantize_rows",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "quantize_rows", sizes, quantize_rows_reference, (((m, n), jnp.int8),), x, scale
-        )
-    return rt.differentiable(
-        functools.partial(
-            _quantize_rows_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_quantize_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        scale,
-    )
-
-
-def quantize_rows_reference(x, scale):
-    """`quantize_rows` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    bias = bias[None, :]
     scale = scale[:, None]
-    scaled = x / scale
-    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
-    return q
-
-
-def _quantize_rows_forward(
-    x,
-    scale,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`quantize_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return rt.on_platform(
-        "quantize_rows",
-        (x, scale),
-        tpu=functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _quantize_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-
-
-def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+    dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
+    dscale = dscale.reshape((m,))
+    return dscale
 
 
 def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
@@ -2323,3 +1818,46 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
         interpret=interpret,
     )(x, scale)
     return q[:m, :n]
+
+
+def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
+    outputs={"q": (jnp.int8, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_quantize_rows_tpu,
+    triton=_quantize_rows_gpu,
+    mosaic_gpu=_quantize_rows_mosaic_gpu,
+    vjp=_quantize_rows_vjp,
+)
+def quantize_rows(x, scale):
+    """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and
+    clipped to the int8 range; NaN quantizes to 0.
+
+    Args:
+      x: f32[M, N].
+      scale: f32[M].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      q: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
+    """
+    scale = scale[:, None]
+    scaled = x / scale
+    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
+    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+    return q

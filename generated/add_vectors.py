@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/add_vectors.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,95 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def add_vectors(
-    x,
-    y,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Adds two vectors: the Pallas quickstart's first kernel.
-
-    Args:
-      x: f32[N].
-      y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
-        grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      z: f32[N].
-
-    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
-    (_add_vectors_vjp).
-    """
-    (x, y), sizes = rt.operands(
-        "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
-    )
-    rt.check_blocks("add_vectors", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "add_vectors", sizes, add_vectors_reference, (((n,), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _add_vectors_forward,
-            n=n,
-            block_n=block_n,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_add_vectors_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def add_vectors_reference(x, y):
-    """`add_vectors` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
-
-
-def _add_vectors_forward(
-    x, y, *, n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`add_vectors` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "add_vectors",
-        (x, y),
-        tpu=functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
-        triton=functools.partial(
-            _add_vectors_gpu, n=n, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
-        ),
-        mosaic_gpu=functools.partial(_add_vectors_mosaic_gpu, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
-    y) and nothing else: the backward kernels recompute the values they need from them.
-    """
-    dz = cotangents
-    dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
 
 
 def _add_vectors_kernel(x_ref, y_ref, z_ref):
@@ -253,67 +164,46 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     return z[:n]
 
 
-@rt.jit_with_static_keywords
-def add_vectors_backward(
-    dz,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
+def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
+    y) and nothing else: the backward kernels recompute the values they need from them.
+    """
+    dz = cotangents
+    dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
+    outputs={"z": (jnp.float32, ("N",))},
+    sizes={"N": "n"},
+    tpu=_add_vectors_tpu,
+    triton=_add_vectors_gpu,
+    mosaic_gpu=_add_vectors_mosaic_gpu,
+    vjp=_add_vectors_vjp,
+)
+def add_vectors(x, y):
+    """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
-      dz: f32[N].
+      x: f32[N].
+      y: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
         grown to large steps (rt.grown), else 1048576.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[N]; dy: f32[N].
+      z: f32[N].
+
+    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
+    (_add_vectors_vjp).
     """
-    (dz,), sizes = rt.operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
-    rt.check_blocks(
-        "add_vectors_backward", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True
-    )
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "add_vectors_backward",
-            sizes,
-            add_vectors_backward_reference,
-            (((n,), jnp.float32), ((n,), jnp.float32)),
-            dz,
-        )
-    return rt.on_platform(
-        "add_vectors_backward",
-        (dz,),
-        tpu=functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
-        triton=functools.partial(
-            _add_vectors_backward_gpu,
-            n=n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def add_vectors_backward_reference(dz):
-    """`add_vectors_backward` in plain jax.numpy, to test the kernel against."""
-    dx = dz
-    dy = dz
-    return dx, dy
+    z = x + y
+    return z
 
 
 def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
@@ -470,3 +360,32 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
         interpret=interpret,
     )(dz)
     return dx[:n], dy[:n]
+
+
+@rt.kernel(
+    inputs={"dz": (jnp.float32, ("N",))},
+    outputs={"dx": (jnp.float32, ("N",)), "dy": (jnp.float32, ("N",))},
+    sizes={"N": "n"},
+    tpu=_add_vectors_backward_tpu,
+    triton=_add_vectors_backward_gpu,
+    mosaic_gpu=_add_vectors_backward_mosaic_gpu,
+)
+def add_vectors_backward(dz):
+    """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      dz: f32[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 1048576.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dx: f32[N]; dy: f32[N].
+    """
+    dx = dz
+    dy = dz
+    return dx, dy

@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/attention.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,280 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """Causal attention, one pass over T per block of queries.
-
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
-
-    Gradients: jax.grad runs the generated backward kernels attention_backward_dq,
-    attention_backward_dkdv (_attention_vjp).
-    """
-    (q, k, v), sizes = rt.operands(
-        "attention",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "attention",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention",
-            sizes,
-            attention_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            scale=scale,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _attention_forward,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-        functools.partial(
-            _attention_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-        ),
-        q,
-        k,
-        v,
-        saving=functools.partial(
-            _attention_saving,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-    )
-
-
-def attention_reference(q, k, v, *, scale=0.125):
-    """`attention` in plain jax.numpy, to test the kernel against."""
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
-    t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (3,),
-        )
-        * scale,
-        -jnp.inf,
-    )
-    p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
-    o = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhst,bhdt->bhsd",
-                jnp.squeeze(p, (3,)),
-                jnp.squeeze(v, (2,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (4,),
-        )
-        / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
-    ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
-    o = o.reshape((b, h, size_s, d))
-    lse = lse.reshape((b, h, size_s))
-    return o, lse
-
-
-def _attention_forward(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    o, lse = rt.on_platform(
-        "attention",
-        (q, k, v),
-        tpu=functools.partial(
-            _attention_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    lse = lse.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
-
-
-def _attention_saving(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention` forward under jax.grad: its outputs, and what its backward kernels read (q,
-    k, v, o, lse).
-    """
-    o, lse = _attention_forward(
-        q,
-        k,
-        v,
-        b=b,
-        h=h,
-        size_s=size_s,
-        d=d,
-        t=t,
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        scale=scale,
-        interpret=interpret,
-    )
-    return (o, lse), (q, k, v, o, lse)
-
-
-def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
-    pass saves its inputs (q, k, v) and its outputs o, lse (read, not recomputed): the
-    backward kernels recompute the values they need (s, p) from them.
-    """
-    q, k, v, o, lse = saved
-    do, dlse = cotangents
-    dq, delta = attention_backward_dq(
-        q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dk, dv = attention_backward_dkdv(
-        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dq, dk, dv
 
 
 def _attention_kernel(
@@ -866,39 +592,50 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_backward_dq(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    dlse,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
+    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
+    pass saves its inputs (q, k, v) and its outputs o, lse (read, not recomputed): the
+    backward kernels recompute the values they need (s, p) from them.
+    """
+    q, k, v, o, lse = saved
+    do, dlse = cotangents
+    dq, delta = attention_backward_dq(
+        q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = attention_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dq, dk, dv
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    outputs={
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_tpu,
+    triton=_attention_gpu,
+    mosaic_gpu=_attention_mosaic_gpu,
+    vjp=_attention_vjp,
+    saves=("q", "k", "v", "o", "lse"),
+)
+def attention(q, k, v, *, scale=0.125):
+    """Causal attention, one pass over T per block of queries.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      dlse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
+        are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -906,87 +643,11 @@ def attention_backward_dq(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+      o: bf16[B, H, S, D]; lse: f32[B, H, S].
+
+    Gradients: jax.grad runs the generated backward kernels attention_backward_dq,
+    attention_backward_dkdv (_attention_vjp).
     """
-    (q, k, v, o, do, lse, dlse), sizes = rt.operands(
-        "attention_backward_dq",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "dlse": (dlse, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_backward_dq",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_backward_dq",
-            sizes,
-            attention_backward_dq_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            o,
-            do,
-            lse,
-            dlse,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dlse = dlse.reshape((b, h, size_s, 1))  # dlse: f32[B, H, S]
-    dq, delta = rt.on_platform(
-        "attention_backward_dq",
-        (q, k, v, o, do, lse, dlse),
-        tpu=functools.partial(
-            _attention_backward_dq_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_backward_dq_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    delta = delta.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
-
-
-def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
-    """`attention_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
     size_s = q.shape[2]
@@ -995,10 +656,6 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = o[:, :, :, :, None]
-    do = do[:, :, :, :, None]
-    lse = lse[:, :, :, None, None]
-    dlse = dlse[:, :, :, None, None]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
@@ -1014,44 +671,23 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
         * scale,
         -jnp.inf,
     )
-    p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (3,),
-    )
-    delta = (
-        jnp.sum(
-            (do.astype(jnp.float32) * o.astype(jnp.float32)),
-            axis=3,
-            keepdims=True,
-            dtype=jnp.float32,
+    p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
+    o = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhst,bhdt->bhsd",
+                jnp.squeeze(p, (3,)),
+                jnp.squeeze(v, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
         )
-        - dlse
-    )
-    ds = p * (dp - delta)
-    ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        ds,
-        0,
-    )
-    dq = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, size_s, d))
-    delta = delta.reshape((b, h, size_s))
-    return dq, delta
+    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
+    o = o.reshape((b, h, size_s, d))
+    lse = lse.reshape((b, h, size_s))
+    return o, lse
 
 
 def _attention_backward_dq_kernel(
@@ -1752,37 +1388,40 @@ def _attention_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_backward_dkdv(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    block_t=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+        "dlse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    outputs={
+        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_backward_dq_tpu,
+    triton=_attention_backward_dq_gpu,
+    mosaic_gpu=_attention_backward_dq_mosaic_gpu,
+)
+def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
+    dq, and delta = sum(do * o) per query: one pass over T.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
+      dlse: f32[B, H, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -1790,100 +1429,28 @@ def attention_backward_dkdv(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, do, lse, delta), sizes = rt.operands(
-        "attention_backward_dkdv",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "delta": (delta, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_backward_dkdv",
-        block_t=block_t,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_backward_dkdv",
-            sizes,
-            attention_backward_dkdv_reference,
-            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return rt.on_platform(
-        "attention_backward_dkdv",
-        (q, k, v, do, lse, delta),
-        tpu=functools.partial(
-            _attention_backward_dkdv_tpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_backward_dkdv_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
-    """`attention_backward_dkdv` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    t = k.shape[2]
-    d = q.shape[3]
     size_s = q.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
-    lse = lse[:, :, None, None, :]
-    delta = delta[:, :, None, None, :]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    dlse = dlse[:, :, :, None, None]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
@@ -1892,43 +1459,43 @@ def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     )
+    delta = (
+        jnp.sum(
+            (do.astype(jnp.float32) * o.astype(jnp.float32)),
+            axis=3,
+            keepdims=True,
+            dtype=jnp.float32,
+        )
+        - dlse
+    )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         ds,
         0,
     )
-    dk = jnp.expand_dims(
+    dq = jnp.expand_dims(
         jnp.einsum(
-            "bhts,bhds->bhtd",
+            "bhst,bhdt->bhsd",
             jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
+            jnp.squeeze(k, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dk = dk.reshape((b, h, t, d))
-    dv = dv.reshape((b, h, t, d))
-    return dk, dv
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
+    return dq, delta
 
 
 def _attention_backward_dkdv_kernel(
@@ -2617,39 +2184,38 @@ def _attention_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_dq(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """The backward pass of `attention` (FlashAttention-2), written by hand as two kernels that
-    recompute the probabilities from the saved `lse` (jax.grad of `attention` runs the same,
-    derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
-    query for the next kernel: one pass over T per block of queries.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+    },
+    outputs={
+        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
+    params={"scale": jnp.float32},
+    tpu=_attention_backward_dkdv_tpu,
+    triton=_attention_backward_dkdv_gpu,
+    mosaic_gpu=_attention_backward_dkdv_mosaic_gpu,
+)
+def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
+    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -2657,93 +2223,27 @@ def attention_dq(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
-
-    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v, o, do, lse), sizes = rt.operands(
-        "attention_dq",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_dq",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_dq",
-            sizes,
-            attention_dq_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            o,
-            do,
-            lse,
-            scale=scale,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _attention_dq_forward,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-        _attention_dq_vjp,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
-    )
-
-
-def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
-    """`attention_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = o[:, :, :, :, None]
-    do = do[:, :, :, :, None]
-    lse = lse[:, :, :, None, None]
+    d = q.shape[3]
+    size_s = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
@@ -2752,105 +2252,43 @@ def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        ds,
+        0,
     )
-    dq = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhst,bhdt->bhsd",
-                jnp.squeeze((p * (dp - delta)).astype(jnp.bfloat16), (3,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (4,),
-        )
-        * scale
+    dk = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, size_s, d))
-    delta = delta.reshape((b, h, size_s))
-    return dq, delta
-
-
-def _attention_dq_forward(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_dq` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = rt.on_platform(
-        "attention_dq",
-        (q, k, v, o, do, lse),
-        tpu=functools.partial(
-            _attention_dq_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_dq_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    delta = delta.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
-
-
-def _attention_dq_vjp(saved, cotangents):
-    """`attention_dq` has no backward pass: its spec says `grad none`."""
-    raise TypeError(
-        "attention_dq is not differentiable: its spec turns gradients off (`grad "
-        "none` at specs/attention.pallas:32)"
-    )
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
 
 
 def _attention_dq_kernel(
@@ -3470,36 +2908,49 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_dkdv(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    block_t=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """dk and dv: one pass over S per block of keys.
+def _attention_dq_vjp(saved, cotangents):
+    """`attention_dq` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dq is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:32)"
+    )
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    outputs={
+        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_dq_tpu,
+    triton=_attention_dq_gpu,
+    mosaic_gpu=_attention_dq_mosaic_gpu,
+    vjp=_attention_dq_vjp,
+)
+def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
+    """The backward pass of `attention` (FlashAttention-2), written by hand as two kernels that
+    recompute the probabilities from the saved `lse` (jax.grad of `attention` runs the same,
+    derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
+    query for the next kernel: one pass over T per block of queries.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -3507,93 +2958,29 @@ def attention_dkdv(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    (q, k, v, do, lse, delta), sizes = rt.operands(
-        "attention_dkdv",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "delta": (delta, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_dkdv",
-        block_t=block_t,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, h, t, d, s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_dkdv",
-            sizes,
-            attention_dkdv_reference,
-            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-            scale=scale,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _attention_dkdv_forward,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-        _attention_dkdv_vjp,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-    )
-
-
-def attention_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
-    """`attention_dkdv` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    t = k.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
-    s = q.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
-    lse = lse[:, :, None, None, :]
-    delta = delta[:, :, None, None, :]
-    st = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s), 4)
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
@@ -3601,109 +2988,34 @@ def attention_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
         * scale,
         -jnp.inf,
     )
-    pt = jnp.exp(st - lse)
-    dv = jnp.expand_dims(
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
         jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(pt.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
-    dpt = jnp.expand_dims(
-        jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     )
-    dk = (
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
+    dq = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhts,bhds->bhtd",
-                jnp.squeeze((pt * (dpt - delta)).astype(jnp.bfloat16), (3,)),
-                jnp.squeeze(q, (2,)),
+                "bhst,bhdt->bhsd",
+                jnp.squeeze((p * (dp - delta)).astype(jnp.bfloat16), (3,)),
+                jnp.squeeze(k, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (4,),
         )
         * scale
     ).astype(jnp.bfloat16)
-    dk = dk.reshape((b, h, t, d))
-    dv = dv.reshape((b, h, t, d))
-    return dk, dv
-
-
-def _attention_dkdv_forward(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    h,
-    t,
-    d,
-    s,
-    block_t,
-    block_s,
-    gpu_block_t,
-    gpu_block_s,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_dkdv` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
-    return rt.on_platform(
-        "attention_dkdv",
-        (q, k, v, do, lse, delta),
-        tpu=functools.partial(
-            _attention_dkdv_tpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_dkdv_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _attention_dkdv_vjp(saved, cotangents):
-    """`attention_dkdv` has no backward pass: its spec says `grad none`."""
-    raise TypeError(
-        "attention_dkdv is not differentiable: its spec turns gradients off (`grad "
-        "none` at specs/attention.pallas:49)"
-    )
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
+    return dq, delta
 
 
 def _attention_dkdv_kernel(
@@ -4361,30 +3673,46 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_full(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """Attention without a mask: every query sees every key.
+def _attention_dkdv_vjp(saved, cotangents):
+    """`attention_dkdv` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dkdv is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:49)"
+    )
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+    },
+    outputs={
+        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "s"},
+    params={"scale": jnp.float32},
+    tpu=_attention_dkdv_tpu,
+    triton=_attention_dkdv_gpu,
+    mosaic_gpu=_attention_dkdv_mosaic_gpu,
+    vjp=_attention_dkdv_vjp,
+)
+def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
+    """dk and dv: one pass over S per block of keys.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -4392,836 +3720,70 @@ def attention_full(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      o: bf16[B, H, S, D].
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
 
-    Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
-    attention_full_backward_dkdv (_attention_full_vjp).
+    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    (q, k, v), sizes = rt.operands(
-        "attention_full",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "attention_full",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_full",
-            sizes,
-            attention_full_reference,
-            (((b, h, s, d), jnp.bfloat16),),
-            q,
-            k,
-            v,
-            scale=scale,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _attention_full_forward,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-        functools.partial(
-            _attention_full_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-        ),
-        q,
-        k,
-        v,
-        saving=functools.partial(
-            _attention_full_saving,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-    )
-
-
-def attention_full_reference(q, k, v, *, scale=0.125):
-    """`attention_full` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s = q.shape[2]
-    d = q.shape[3]
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(
-                jax.nn.softmax(
-                    (
-                        jnp.expand_dims(
-                            jnp.einsum(
-                                "bhsd,bhdt->bhst",
-                                jnp.squeeze(q, (4,)),
-                                jnp.squeeze(k, (2,)),
-                                preferred_element_type=jnp.float32,
-                            ),
-                            (3,),
-                        )
-                        * scale
-                    ),
-                    axis=4,
-                ),
-                (3,),
+    d = q.shape[3]
+    s = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    st = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
             ),
-            jnp.squeeze(v, (2,)),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    pt = jnp.exp(st - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(pt.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, h, s, d))
-    return o
-
-
-def _attention_full_forward(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_full` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "attention_full",
-        (q, k, v),
-        tpu=functools.partial(
-            _attention_full_tpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_full_gpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _attention_full_saving(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_full` forward under jax.grad, by attention_full_with_residuals: its outputs,
-    and what its backward kernels read (q, k, v, o, lse).
-    """
-    o, lse = attention_full_with_residuals(
-        q,
-        k,
-        v,
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        scale=scale,
-        interpret=interpret,
-    )
-    return o, (q, k, v, o, lse)
-
-
-def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
-    The forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and
-    the residuals lse (forward values that cost more to recompute than to save): the
-    backward kernels recompute the values they need from them.
-    """
-    q, k, v, o, lse = saved
-    do = cotangents
-    dq, delta = attention_full_backward_dq(
-        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dk, dv = attention_full_backward_dkdv(
-        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dq, dk, dv
-
-
-def _attention_full_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
-):
-    t_start = pl.program_id(3) * block_t
-    step = pl.program_id(3)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
-    max_t_block = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-    )
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-    max_t_previous = max_t_ref[...]
-    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
-    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-    max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-        - max_t_shift
-    )
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
-
-    @pl.when(step == pl.num_programs(3) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
-
-
-def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_full_tpu_blocks,
-        (b, h, s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
-    return pl.pallas_call(
-        functools.partial(
-            _attention_full_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
-        grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-        ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
-        scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d,
-            transcendentals=b * h * s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2,
-        ),
-        interpret=interpret,
-        name="attention_full",
-    )(q, k, v)
-
-
-def _attention_full_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
-    in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-        max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        max_t_block = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-        )
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-            - max_t_shift
-        )
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
-        0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
-    )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-
-
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
-_attention_full_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _attention_full_gpu(
-    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
-    )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(
-            _attention_full_gpu_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s, block_s)),
-        in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-        ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="attention_full",
-    )(q, k, v)
-
-
-def _attention_full_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
-):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
-    program = jax.lax.div(program, pl.cdiv(s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
-    s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-        max_t, sum_exp_t, acc_t = carry
-        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
-        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
-        )
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
-    block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
-    padded_s = s + -s % block_s
-    padded_t = t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(
-            _attention_full_mosaic_gpu_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * h * pl.cdiv(s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :h, :s, :d].reshape((b, h, s, d))
-
-
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_full_with_residuals(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """`attention_full` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
-    """
-    (q, k, v), sizes = rt.operands(
-        "attention_full_with_residuals",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "attention_full_with_residuals",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_full_with_residuals",
-            sizes,
-            attention_full_with_residuals_reference,
-            (((b, h, s, d), jnp.bfloat16), ((b, h, s), jnp.float32)),
-            q,
-            k,
-            v,
-            scale=scale,
-        )
-    o, lse = rt.on_platform(
-        "attention_full_with_residuals",
-        (q, k, v),
-        tpu=functools.partial(
-            _attention_full_with_residuals_tpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_full_with_residuals_gpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    lse = lse.reshape((b, h, s))  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
-
-
-def attention_full_with_residuals_reference(q, k, v, *, scale=0.125):
-    """`attention_full_with_residuals` in plain jax.numpy, to test the kernel against."""
-    b = q.shape[0]
-    h = q.shape[1]
-    s = q.shape[2]
-    d = q.shape[3]
-    t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = jnp.expand_dims(
+    dpt = jnp.expand_dims(
         jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(
-                jax.nn.softmax(
-                    (
-                        jnp.expand_dims(
-                            jnp.einsum(
-                                "bhsd,bhdt->bhst",
-                                jnp.squeeze(q, (4,)),
-                                jnp.squeeze(k, (2,)),
-                                preferred_element_type=jnp.float32,
-                            ),
-                            (3,),
-                        )
-                        * scale
-                    ),
-                    axis=4,
-                ),
-                (3,),
-            ),
-            jnp.squeeze(v, (2,)),
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
             preferred_element_type=jnp.float32,
         ),
-        (4,),
-    ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(
-        (
-            jnp.expand_dims(
-                jnp.einsum(
-                    "bhsd,bhdt->bhst",
-                    jnp.squeeze(q, (4,)),
-                    jnp.squeeze(k, (2,)),
-                    preferred_element_type=jnp.float32,
-                ),
-                (3,),
-            )
-            * scale
-        ),
-        axis=4,
-        keepdims=True,
+        (3,),
     )
-    o = o.reshape((b, h, s, d))
-    lse = lse.reshape((b, h, s))
-    return o, lse
+    dk = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhts,bhds->bhtd",
+                jnp.squeeze((pt * (dpt - delta)).astype(jnp.bfloat16), (3,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * scale
+    ).astype(jnp.bfloat16)
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
 
 
 def _attention_full_with_residuals_kernel(
@@ -5702,37 +4264,32 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
     return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_full_backward_dq(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    outputs={
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_full_with_residuals_tpu,
+    triton=_attention_full_with_residuals_gpu,
+    mosaic_gpu=_attention_full_with_residuals_mosaic_gpu,
+)
+def attention_full_with_residuals(q, k, v, *, scale=0.125):
+    """`attention_full` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
+        are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -5740,133 +4297,599 @@ def attention_full_backward_dq(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+      o: bf16[B, H, S, D]; lse: f32[B, H, S].
     """
-    (q, k, v, o, do, lse), sizes = rt.operands(
-        "attention_full_backward_dq",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-        },
+    b = q.shape[0]
+    h = q.shape[1]
+    s = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze(
+                jax.nn.softmax(
+                    (
+                        jnp.expand_dims(
+                            jnp.einsum(
+                                "bhsd,bhdt->bhst",
+                                jnp.squeeze(q, (4,)),
+                                jnp.squeeze(k, (2,)),
+                                preferred_element_type=jnp.float32,
+                            ),
+                            (3,),
+                        )
+                        * scale
+                    ),
+                    axis=4,
+                ),
+                (3,),
+            ),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    lse = jax.nn.logsumexp(
+        (
+            jnp.expand_dims(
+                jnp.einsum(
+                    "bhsd,bhdt->bhst",
+                    jnp.squeeze(q, (4,)),
+                    jnp.squeeze(k, (2,)),
+                    preferred_element_type=jnp.float32,
+                ),
+                (3,),
+            )
+            * scale
+        ),
+        axis=4,
+        keepdims=True,
     )
-    rt.check_blocks(
-        "attention_full_backward_dq",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
+    o = o.reshape((b, h, s, d))
+    lse = lse.reshape((b, h, s))
+    return o, lse
+
+
+def _attention_full_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    scale,
+):
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    max_t_block = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
     )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_full_backward_dq",
-            sizes,
-            attention_full_backward_dq_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            o,
-            do,
-            lse,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = rt.on_platform(
-        "attention_full_backward_dq",
-        (q, k, v, o, do, lse),
-        tpu=functools.partial(
-            _attention_full_backward_dq_tpu,
+    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_previous = max_t_ref[...]
+    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+    max_t_shift = jnp.where(
+        max_t_new > -jnp.inf, max_t_new, 0.0
+    )  # a row of -inf so far subtracts 0
+    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+    max_t_ref[...] = max_t_new
+    sum_exp_t_terms = jnp.exp(
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+        - max_t_shift
+    )
+    sum_exp_t_block = sum_exp_t_terms
+    if t % block_t:  # a ragged T: 0.0 past its end, never padding
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+        sum_exp_t_block, axis=1, keepdims=True
+    )
+    acc_t_lhs = sum_exp_t_terms
+    acc_t_rhs = v.astype(jnp.float32)
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_full_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
+    """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = rt.tpu_blocks(
+        _attention_full_tpu_blocks,
+        (b, h, s, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(min(s, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    rt.check_tiling(
+        "attention_full",
+        block_s=(
+            block_s,
+            s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_kernel,
             b=b,
             h=h,
-            size_s=size_s,
+            s=s,
             d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
             scale=scale,
         ),
-        triton=functools.partial(
-            _attention_full_backward_dq_gpu,
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+        ],
+        # o: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d,
+            transcendentals=b * h * s * t,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_full",
+    )(q, k, v)
+
+
+def _attention_full_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = rt.inside(t_start, block_t, t)
+        max_t, sum_exp_t, acc_t = running
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
+        )
+        max_t_block = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+        )
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+            - max_t_shift
+        )
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = max_t_rescale * acc_t + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_t_2 = acc_t / sum_exp_t
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_full_gpu(
+    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+):
+    """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_gpu_kernel,
             b=b,
             h=h,
-            size_s=size_s,
+            s=s,
             d=d,
             t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
             scale=scale,
         ),
-        mosaic_gpu=functools.partial(
-            _attention_full_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        # o: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
+        name="attention_full",
+    )(q, k, v)
+
+
+def _attention_full_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_2,
+    barrier,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
+    program = jax.lax.div(program, pl.cdiv(s, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
     )
-    delta = delta.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(
+            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
+        )
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_2),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
 
 
-def attention_full_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
-    """`attention_full_backward_dq` in plain jax.numpy, to test the kernel against."""
+def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
+    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s = s + -s % block_s
+    padded_t = t + -t % block_t
+    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _attention_full_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s, :d].reshape((b, h, s, d))
+
+
+def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
+    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
+    The forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and
+    the residuals lse (forward values that cost more to recompute than to save): the
+    backward kernels recompute the values they need from them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = attention_full_backward_dq(
+        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = attention_full_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dq, dk, dv
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_full_tpu,
+    triton=_attention_full_gpu,
+    mosaic_gpu=_attention_full_mosaic_gpu,
+    vjp=_attention_full_vjp,
+    saves=("q", "k", "v", "o", "lse"),
+    residuals=attention_full_with_residuals,
+)
+def attention_full(q, k, v, *, scale=0.125):
+    """Attention without a mask: every query sees every key.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      scale: a static f32 (default 0.125).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      o: bf16[B, H, S, D].
+
+    Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
+    attention_full_backward_dkdv (_attention_full_vjp).
+    """
     b = q.shape[0]
     h = q.shape[1]
-    size_s = q.shape[2]
+    s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = o[:, :, :, :, None]
-    do = do[:, :, :, :, None]
-    lse = lse[:, :, :, None, None]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (3,),
-        )
-        * scale
-    )
-    p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (3,),
-    )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
-    )
-    ds = p * (dp - delta)
-    dq = jnp.expand_dims(
+    o = jnp.expand_dims(
         jnp.einsum(
             "bhst,bhdt->bhsd",
-            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
+            jnp.squeeze(
+                jax.nn.softmax(
+                    (
+                        jnp.expand_dims(
+                            jnp.einsum(
+                                "bhsd,bhdt->bhst",
+                                jnp.squeeze(q, (4,)),
+                                jnp.squeeze(k, (2,)),
+                                preferred_element_type=jnp.float32,
+                            ),
+                            (3,),
+                        )
+                        * scale
+                    ),
+                    axis=4,
+                ),
+                (3,),
+            ),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, size_s, d))
-    delta = delta.reshape((b, h, size_s))
-    return dq, delta
+    o = o.reshape((b, h, s, d))
+    return o
 
 
 def _attention_full_backward_dq_kernel(
@@ -6389,37 +5412,38 @@ def _attention_full_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_full_backward_dkdv(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    block_t=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    outputs={
+        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_full_backward_dq_tpu,
+    triton=_attention_full_backward_dq_gpu,
+    mosaic_gpu=_attention_full_backward_dq_mosaic_gpu,
+)
+def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
+    dq, and delta = sum(do * o) per query: one pass over T.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -6427,98 +5451,25 @@ def attention_full_backward_dkdv(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, do, lse, delta), sizes = rt.operands(
-        "attention_full_backward_dkdv",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "delta": (delta, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_full_backward_dkdv",
-        block_t=block_t,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_full_backward_dkdv",
-            sizes,
-            attention_full_backward_dkdv_reference,
-            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return rt.on_platform(
-        "attention_full_backward_dkdv",
-        (q, k, v, do, lse, delta),
-        tpu=functools.partial(
-            _attention_full_backward_dkdv_tpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_full_backward_dkdv_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def attention_full_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
-    """`attention_full_backward_dkdv` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    t = k.shape[2]
-    d = q.shape[3]
     size_s = q.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
-    lse = lse[:, :, None, None, :]
-    delta = delta[:, :, None, None, :]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
@@ -6526,37 +5477,31 @@ def attention_full_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.1
         * scale
     )
     p = jnp.exp(s - lse)
-    dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
     ds = p * (dp - delta)
-    dk = jnp.expand_dims(
+    dq = jnp.expand_dims(
         jnp.einsum(
-            "bhts,bhds->bhtd",
+            "bhst,bhdt->bhsd",
             jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
+            jnp.squeeze(k, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dk = dk.reshape((b, h, t, d))
-    dv = dv.reshape((b, h, t, d))
-    return dk, dv
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
+    return dq, delta
 
 
 def _attention_full_backward_dkdv_kernel(
@@ -7091,30 +6036,38 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_bottom_right(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """Causal attention aligned at the bottom right: the last query sees every key.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+    },
+    outputs={
+        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
+    params={"scale": jnp.float32},
+    tpu=_attention_full_backward_dkdv_tpu,
+    triton=_attention_full_backward_dkdv_gpu,
+    mosaic_gpu=_attention_full_backward_dkdv_mosaic_gpu,
+)
+def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
+    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -7122,936 +6075,63 @@ def attention_bottom_right(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      o: bf16[B, H, S, D].
-
-    Gradients: jax.grad runs the generated backward kernels
-    attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv
-    (_attention_bottom_right_vjp).
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v), sizes = rt.operands(
-        "attention_bottom_right",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "attention_bottom_right",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_bottom_right",
-            sizes,
-            attention_bottom_right_reference,
-            (((b, h, size_s, d), jnp.bfloat16),),
-            q,
-            k,
-            v,
-            scale=scale,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _attention_bottom_right_forward,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-        functools.partial(
-            _attention_bottom_right_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-        ),
-        q,
-        k,
-        v,
-        saving=functools.partial(
-            _attention_bottom_right_saving,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            scale=scale,
-            interpret=interpret,
-        ),
-    )
-
-
-def attention_bottom_right_reference(q, k, v, *, scale=0.125):
-    """`attention_bottom_right` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+    d = q.shape[3]
+    size_s = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
         )
-        * scale,
-        -jnp.inf,
+        * scale
     )
-    o = jnp.expand_dims(
+    p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
         jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
-            jnp.squeeze(v, (2,)),
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, h, size_s, d))
-    return o
-
-
-def _attention_bottom_right_forward(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_bottom_right` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "attention_bottom_right",
-        (q, k, v),
-        tpu=functools.partial(
-            _attention_bottom_right_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_bottom_right_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_bottom_right_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _attention_bottom_right_saving(
-    q,
-    k,
-    v,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    scale,
-    interpret,
-):
-    """`attention_bottom_right` forward under jax.grad, by
-    attention_bottom_right_with_residuals: its outputs, and what its backward kernels read
-    (q, k, v, o, lse).
-    """
-    o, lse = attention_bottom_right_with_residuals(
-        q,
-        k,
-        v,
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        scale=scale,
-        interpret=interpret,
-    )
-    return o, (q, k, v, o, lse)
-
-
-def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
-    jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
-    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v), its
-    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (s) from
-    them.
-    """
-    q, k, v, o, lse = saved
-    do = cotangents
-    dq, delta = attention_bottom_right_backward_dq(
-        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dk, dv = attention_bottom_right_backward_dkdv(
-        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dq, dk, dv
-
-
-def _attention_bottom_right_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
-):
-    s_start = pl.program_id(2) * block_s
-    t_start = pl.program_id(3) * block_t
-    step = pl.program_id(3)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    def _strip(
-        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
-    ):
-        """A strip of the step's block: the refs are views of its rows and columns, which
-        start at the positions given and hold as many as its extents say."""
-        q = q_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
-        s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
-            -jnp.inf,
-        )
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t_ref[...]
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t_ref[...] = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-            sum_exp_t_block, axis=1, keepdims=True
-        )
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
-
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    max_t_ref,
-                    sum_exp_t_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    max_t_ref.at[pl.ds(row, rows)],
-                    sum_exp_t_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start)
-        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
-    )
-    def _partial_block():
-        _add(partial_strips)
-
-    @pl.when(step == pl.num_programs(3) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
-
-
-def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
-    )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
-    return pl.pallas_call(
-        functools.partial(
-            _attention_bottom_right_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
-        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-        ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
-        scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
-            vmem_limit_bytes=64 * 2**20,
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
-            transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2,
-        ),
-        interpret=interpret,
-        name="attention_bottom_right",
-    )(q, k, v)
-
-
-def _attention_bottom_right_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = rt.inside(0, block_d, d)
-    s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-
-        def step():
-            max_t, sum_exp_t, acc_t = running
-            k = rt.load(
-                k_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            v = rt.load(
-                v_ref.at[pl.ds(t_start, block_t), :],
-                rt.mask((block_t, block_d), in_t, in_d),
-                other=0,
-            )
-            s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
-                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
-                -jnp.inf,
-            )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-            max_t_previous = max_t
-            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift
-            )  # what the terms so far are worth now
-            max_t = max_t_new
-            sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-            acc_t_lhs = sum_exp_t_terms
-            acc_t_rhs = v.astype(jnp.float32)
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-            acc_t = max_t_rescale * acc_t + jnp.dot(
-                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-            )
-            return max_t, sum_exp_t, acc_t
-
-        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
-        0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
-    )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-
-
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
-_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _attention_bottom_right_gpu(
-    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _attention_bottom_right_gpu_options,
-        (b, h, size_s, d, t),
-        (block_s, block_t, num_warps, num_stages),
-    )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(
-            _attention_bottom_right_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(size_s, block_s)),
-        in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-        ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="attention_bottom_right",
-    )(q, k, v)
-
-
-def _attention_bottom_right_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-    scale,
-):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    h_index = jax.lax.rem(program, h)
-    program = jax.lax.div(program, h)
-    b_index = program
-    s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-
-        def compute():
-            max_t, sum_exp_t, acc_t = carry
-            s = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
-                    (block_s, block_t),
-                    0,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
-                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
-                -jnp.inf,
-            )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-            max_t_previous = max_t
-            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(
-                max_t_new > -jnp.inf, max_t_new, 0.0
-            )  # a row of -inf so far subtracts 0
-            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(
-                max_t_previous - max_t_shift_vector
-            )  # what the terms so far are worth now
-            max_t = max_t_new
-            sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-            operand = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d),
-                operand,
-                v_smem,
-                split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_2),
-            )
-            return max_t, sum_exp_t, acc_t
-
-        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
-    block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(
-            _attention_bottom_right_mosaic_gpu_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            scale=scale,
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
-
-
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_bottom_right_with_residuals(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """`attention_bottom_right` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
-    """
-    (q, k, v), sizes = rt.operands(
-        "attention_bottom_right_with_residuals",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "attention_bottom_right_with_residuals",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_bottom_right_with_residuals",
-            sizes,
-            attention_bottom_right_with_residuals_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            scale=scale,
-        )
-    o, lse = rt.on_platform(
-        "attention_bottom_right_with_residuals",
-        (q, k, v),
-        tpu=functools.partial(
-            _attention_bottom_right_with_residuals_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_bottom_right_with_residuals_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_bottom_right_with_residuals_mosaic_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            scale=scale,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    lse = lse.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
-
-
-def attention_bottom_right_with_residuals_reference(q, k, v, *, scale=0.125):
-    """`attention_bottom_right_with_residuals` in plain jax.numpy, to test the kernel against."""
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
-    t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (3,),
-        )
-        * scale,
-        -jnp.inf,
-    )
-    o = jnp.expand_dims(
+    dp = jnp.expand_dims(
         jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
-            jnp.squeeze(v, (2,)),
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    ds = p * (dp - delta)
+    dk = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
-    o = o.reshape((b, h, size_s, d))
-    lse = lse.reshape((b, h, size_s))
-    return o, lse
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
 
 
 def _attention_bottom_right_with_residuals_kernel(
@@ -8641,37 +6721,32 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_bottom_right_backward_dq(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    outputs={
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_bottom_right_with_residuals_tpu,
+    triton=_attention_bottom_right_with_residuals_gpu,
+    mosaic_gpu=_attention_bottom_right_with_residuals_mosaic_gpu,
+)
+def attention_bottom_right_with_residuals(q, k, v, *, scale=0.125):
+    """`attention_bottom_right` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
+        are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -8679,90 +6754,8 @@ def attention_bottom_right_backward_dq(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+      o: bf16[B, H, S, D]; lse: f32[B, H, S].
     """
-    (q, k, v, o, do, lse), sizes = rt.operands(
-        "attention_bottom_right_backward_dq",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_bottom_right_backward_dq",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_bottom_right_backward_dq",
-            sizes,
-            attention_bottom_right_backward_dq_reference,
-            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            o,
-            do,
-            lse,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = rt.on_platform(
-        "attention_bottom_right_backward_dq",
-        (q, k, v, o, do, lse),
-        tpu=functools.partial(
-            _attention_bottom_right_backward_dq_tpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_bottom_right_backward_dq_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_bottom_right_backward_dq_mosaic_gpu,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            scale=scale,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    delta = delta.reshape(
-        (b, h, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
-
-
-def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
-    """`attention_bottom_right_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
     size_s = q.shape[2]
@@ -8771,9 +6764,6 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = o[:, :, :, :, None]
-    do = do[:, :, :, :, None]
-    lse = lse[:, :, :, None, None]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
@@ -8789,38 +6779,665 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
         * scale,
         -jnp.inf,
     )
-    p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (3,),
-    )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
-    )
-    ds = p * (dp - delta)
-    ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        ds,
-        0,
-    )
-    dq = jnp.expand_dims(
+    o = jnp.expand_dims(
         jnp.einsum(
             "bhst,bhdt->bhsd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
+            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, size_s, d))
-    delta = delta.reshape((b, h, size_s))
-    return dq, delta
+    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
+    o = o.reshape((b, h, size_s, d))
+    lse = lse.reshape((b, h, size_s))
+    return o, lse
+
+
+def _attention_bottom_right_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    size_s,
+    d,
+    t,
+    block_s,
+    block_t,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    s_start = pl.program_id(2) * block_s
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        q = q_ref[...]
+        k = k_ref[...]
+        v = v_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t_ref[...]
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t_ref[...] = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+            sum_exp_t_block, axis=1, keepdims=True
+        )
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    sum_exp_t_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - size_s >= t_start)
+        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_bottom_right_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
+    """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = rt.tpu_blocks(
+        _attention_bottom_right_tpu_blocks,
+        (b, h, size_s, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
+            step=lambda block_s, block_t: (
+                min(block_s, 256) * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, size_s)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    rt.check_tiling(
+        "attention_bottom_right",
+        block_s=(
+            block_s,
+            size_s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
+        >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
+        >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_kernel,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+        ],
+        # o: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_bottom_right",
+    )(q, k, v)
+
+
+def _attention_bottom_right_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = rt.inside(t_start, block_t, t)
+
+        def step():
+            max_t, sum_exp_t, acc_t = running
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
+            )
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+            max_t_shift = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_block = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+            acc_t_lhs = sum_exp_t_terms
+            acc_t_rhs = v.astype(jnp.float32)
+            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t = max_t_rescale * acc_t + jnp.dot(
+                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+            )
+            return max_t, sum_exp_t, acc_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_t_2 = acc_t / sum_exp_t
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_bottom_right_gpu(
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+):
+    """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+        _attention_bottom_right_gpu_options,
+        (b, h, size_s, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_gpu_kernel,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(size_s, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        # o: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_bottom_right",
+    )(q, k, v)
+
+
+def _attention_bottom_right_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_2,
+    barrier,
+    *,
+    b,
+    h,
+    size_s,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            max_t, sum_exp_t, acc_t = carry
+            s = jnp.where(
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
+                    (block_s, block_t),
+                    0,
+                )
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+            max_t_shift_vector = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift_vector
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_block = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+            operand = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
+                (block_s, block_d),
+                operand,
+                v_smem,
+                split=jnp.bfloat16,
+                lhs_scratch=(operand_smem, operand_smem_2),
+            )
+            return max_t, sum_exp_t, acc_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
+    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_size_s = size_s + -size_s % block_s
+    padded_t = t + -t % block_t
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _attention_bottom_right_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
+
+
+def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
+    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
+    jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
+    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v), its
+    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (s) from
+    them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = attention_bottom_right_backward_dq(
+        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = attention_bottom_right_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dq, dk, dv
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_bottom_right_tpu,
+    triton=_attention_bottom_right_gpu,
+    mosaic_gpu=_attention_bottom_right_mosaic_gpu,
+    vjp=_attention_bottom_right_vjp,
+    saves=("q", "k", "v", "o", "lse"),
+    residuals=attention_bottom_right_with_residuals,
+)
+def attention_bottom_right(q, k, v, *, scale=0.125):
+    """Causal attention aligned at the bottom right: the last query sees every key.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      scale: a static f32 (default 0.125).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      o: bf16[B, H, S, D].
+
+    Gradients: jax.grad runs the generated backward kernels
+    attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv
+    (_attention_bottom_right_vjp).
+    """
+    b = q.shape[0]
+    h = q.shape[1]
+    size_s = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    o = o.reshape((b, h, size_s, d))
+    return o
 
 
 def _attention_bottom_right_backward_dq_kernel(
@@ -9480,37 +8097,38 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def attention_bottom_right_backward_dkdv(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    block_t=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    outputs={
+        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
+    },
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_attention_bottom_right_backward_dq_tpu,
+    triton=_attention_bottom_right_backward_dq_gpu,
+    mosaic_gpu=_attention_bottom_right_backward_dq_mosaic_gpu,
+)
+def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
+    dq, and delta = sum(do * o) per query: one pass over T.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -9518,106 +8136,27 @@ def attention_bottom_right_backward_dkdv(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, do, lse, delta), sizes = rt.operands(
-        "attention_bottom_right_backward_dkdv",
-        {
-            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
-            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "delta": (delta, jnp.float32, ("B", "H", "S")),
-        },
-    )
-    rt.check_blocks(
-        "attention_bottom_right_backward_dkdv",
-        block_t=block_t,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "attention_bottom_right_backward_dkdv",
-            sizes,
-            attention_bottom_right_backward_dkdv_reference,
-            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-            scale=scale,
-        )
-    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return rt.on_platform(
-        "attention_bottom_right_backward_dkdv",
-        (q, k, v, do, lse, delta),
-        tpu=functools.partial(
-            _attention_bottom_right_backward_dkdv_tpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _attention_bottom_right_backward_dkdv_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _attention_bottom_right_backward_dkdv_mosaic_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            scale=scale,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
-    """`attention_bottom_right_backward_dkdv` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    t = k.shape[2]
-    d = q.shape[3]
     size_s = q.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
-    lse = lse[:, :, None, None, :]
-    delta = delta[:, :, None, None, :]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
                 preferred_element_type=jnp.float32,
             ),
             (3,),
@@ -9626,43 +8165,37 @@ def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, s
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         ds,
         0,
     )
-    dk = jnp.expand_dims(
+    dq = jnp.expand_dims(
         jnp.einsum(
-            "bhts,bhds->bhtd",
+            "bhst,bhdt->bhsd",
             jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
+            jnp.squeeze(k, (2,)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dk = dk.reshape((b, h, t, d))
-    dv = dv.reshape((b, h, t, d))
-    return dk, dv
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
+    return dq, delta
 
 
 def _attention_bottom_right_backward_dkdv_kernel(
@@ -10364,811 +8897,111 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords
-def gqa(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
+        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
+    },
+    outputs={
+        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
+        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
+    },
+    sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
+    params={"scale": jnp.float32},
+    tpu=_attention_bottom_right_backward_dkdv_tpu,
+    triton=_attention_bottom_right_backward_dkdv_gpu,
+    mosaic_gpu=_attention_bottom_right_backward_dkdv_mosaic_gpu,
+)
+def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
+    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
 
     Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      scale: a static f32 (default 0.125).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      o: bf16[B, G, R, S, D].
-
-    Gradients: jax.grad runs the generated backward kernels gqa_backward_dq,
-    gqa_backward_dkdv, gqa_backward_over_r (_gqa_vjp).
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v), sizes = rt.operands(
-        "gqa",
-        {
-            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "gqa",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "gqa", sizes, gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v
-        )
-    return rt.differentiable(
-        functools.partial(
-            _gqa_forward,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_gqa_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        q,
-        k,
-        v,
-        saving=functools.partial(
-            _gqa_saving,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def gqa_reference(q, k, v):
-    """`gqa` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
-    size_s = q.shape[3]
-    d = q.shape[4]
+    h = q.shape[1]
     t = k.shape[2]
-    q = q[:, :, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    s = (
+    d = q.shape[3]
+    size_s = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
-                "bgrsd,bgdt->bgrst",
-                jnp.squeeze(q, (5,)),
-                jnp.squeeze(k, (2, 3)),
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
                 preferred_element_type=jnp.float32,
             ),
-            (4,),
+            (3,),
         )
-        * 0.088388
+        * scale,
+        -jnp.inf,
     )
-    o = jnp.expand_dims(
+    p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
         jnp.einsum(
-            "bgrst,bgdt->bgrsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
-            jnp.squeeze(v, (2, 3)),
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
             preferred_element_type=jnp.float32,
         ),
-        (5,),
+        (4,),
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, g, r, size_s, d))
-    return o
-
-
-def _gqa_forward(
-    q,
-    k,
-    v,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "gqa",
-        (q, k, v),
-        tpu=functools.partial(
-            _gqa_tpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
         ),
-        triton=functools.partial(
-            _gqa_gpu,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        (3,),
     )
-
-
-def _gqa_saving(
-    q,
-    k,
-    v,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`gqa` forward under jax.grad, by gqa_with_residuals: its outputs, and what its backward
-    kernels read (q, k, v, o, lse).
-    """
-    o, lse = gqa_with_residuals(
-        q,
-        k,
-        v,
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return o, (q, k, v, o, lse)
-
-
-def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
-    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the
-    residuals lse (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need (s) from them.
-    """
-    q, k, v, o, lse = saved
-    do = cotangents
-    dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
-    dk_r, dv_r = gqa_backward_dkdv(
-        q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dk, dv = gqa_backward_over_r(dk_r, dv_r, gpu_backend=gpu_backend, interpret=interpret)
-    return dq, dk, dv
-
-
-def _gqa_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-):
-    t_start = pl.program_id(4) * block_t
-    step = pl.program_id(4)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
-    s = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * 0.088388
-    )
-    max_t_block = s
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-    max_t_previous = max_t_ref[...]
-    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
-    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-    max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(s - max_t_shift)
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
-
-    @pl.when(step == pl.num_programs(4) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
-
-
-def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _gqa_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
-        ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
-    return pl.pallas_call(
-        functools.partial(
-            _gqa_kernel, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
-        ],
-        # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec(
-            (None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)
-        ),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
-        scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
-            transcendentals=b * g * r * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2,
-        ),
-        interpret=interpret,
-        name="gqa",
-    )(q, k, v)
-
-
-def _gqa_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
-    in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-        max_t, sum_exp_t, acc_t = running
-        k = rt.load(
-            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        v = rt.load(
-            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
-        )
-        s = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * 0.088388
-        )
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        ds,
         0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
     )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
-
-
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
-# call's sizes winning. None: any other GPU (the spec's).
-_gqa_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = rt.gpu_options(
-        _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
-    )
-    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
-    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(
-            _gqa_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
-        # One program per element of B, element of G, element of R, block of S; programs run
-        # concurrently. Each holds all of D (one block of the next power of two). Each loops
-        # over the blocks of T itself, carrying running values.
-        grid=(b, g, r, pl.cdiv(size_s, block_s)),
-        in_specs=[
-            # q: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
-        ],
-        # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec(
-            (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-        ),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="gqa",
-    )(q, k, v)
-
-
-def _gqa_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    block_d,
-):
-    program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
-    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
-    r_index = jax.lax.rem(program, r)
-    program = jax.lax.div(program, r)
-    g_index = jax.lax.rem(program, g)
-    program = jax.lax.div(program, g)
-    b_index = program
-    s_start = s_block * block_s
-    plgpu.copy_gmem_to_smem(
-        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-        max_t, sum_exp_t, acc_t = carry
-        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
-        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(
-            max_t_previous - max_t_shift_vector
-        )  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda i: (i, 0),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_s = 64
-    block_t = 64
-    block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
-    padded_size_s = size_s + -size_s % block_s
-    padded_t = t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(
-            _gqa_mosaic_gpu_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * g * r * pl.cdiv(size_s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d))
-
-
-@rt.jit_with_static_keywords
-def gqa_with_residuals(
-    q,
-    k,
-    v,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """`gqa` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
-    """
-    (q, k, v), sizes = rt.operands(
-        "gqa_with_residuals",
-        {
-            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "gqa_with_residuals",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "gqa_with_residuals",
-            sizes,
-            gqa_with_residuals_reference,
-            (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-        )
-    o, lse = rt.on_platform(
-        "gqa_with_residuals",
-        (q, k, v),
-        tpu=functools.partial(
-            _gqa_with_residuals_tpu,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        triton=functools.partial(
-            _gqa_with_residuals_gpu,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    lse = lse.reshape(
-        (b, g, r, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
-
-
-def gqa_with_residuals_reference(q, k, v):
-    """`gqa_with_residuals` in plain jax.numpy, to test the kernel against."""
-    b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
-    size_s = q.shape[3]
-    d = q.shape[4]
-    t = k.shape[2]
-    q = q[:, :, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bgrsd,bgdt->bgrst",
-                jnp.squeeze(q, (5,)),
-                jnp.squeeze(k, (2, 3)),
-                preferred_element_type=jnp.float32,
-            ),
-            (4,),
-        )
-        * 0.088388
-    )
-    o = jnp.expand_dims(
+    dk = jnp.expand_dims(
         jnp.einsum(
-            "bgrst,bgdt->bgrsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
-            jnp.squeeze(v, (2, 3)),
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
             preferred_element_type=jnp.float32,
         ),
-        (5,),
+        (4,),
     ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(s, axis=5, keepdims=True)
-    o = o.reshape((b, g, r, size_s, d))
-    lse = lse.reshape((b, g, r, size_s))
-    return o, lse
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
 
 
 def _gqa_with_residuals_kernel(
@@ -11650,119 +9483,39 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
     ].reshape((b, g, r, size_s, 1))
 
 
-@rt.jit_with_static_keywords
-def gqa_backward_dq(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
+    },
+    outputs={
+        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
+    },
+    sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
+    tpu=_gqa_with_residuals_tpu,
+    triton=_gqa_with_residuals_gpu,
+    mosaic_gpu=_gqa_with_residuals_mosaic_gpu,
+)
+def gqa_with_residuals(q, k, v):
+    """`gqa` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
 
     Args:
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
-      o: bf16[B, G, R, S, D].
-      do: bf16[B, G, R, S, D].
-      lse: f32[B, G, R, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
+        are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
+      o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
     """
-    (q, k, v, o, do, lse), sizes = rt.operands(
-        "gqa_backward_dq",
-        {
-            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
-            "o": (o, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "do": (do, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
-        },
-    )
-    rt.check_blocks(
-        "gqa_backward_dq",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "gqa_backward_dq",
-            sizes,
-            gqa_backward_dq_reference,
-            (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
-            q,
-            k,
-            v,
-            o,
-            do,
-            lse,
-        )
-    lse = lse.reshape((b, g, r, size_s, 1))  # lse: f32[B, G, R, S]
-    dq, delta = rt.on_platform(
-        "gqa_backward_dq",
-        (q, k, v, o, do, lse),
-        tpu=functools.partial(
-            _gqa_backward_dq_tpu,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        triton=functools.partial(
-            _gqa_backward_dq_gpu,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    delta = delta.reshape(
-        (b, g, r, size_s)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
-
-
-def gqa_backward_dq_reference(q, k, v, o, do, lse):
-    """`gqa_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     g = q.shape[1]
     r = q.shape[2]
@@ -11772,9 +9525,6 @@ def gqa_backward_dq_reference(q, k, v, o, do, lse):
     q = q[:, :, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    o = o[:, :, :, :, :, None]
-    do = do[:, :, :, :, :, None]
-    lse = lse[:, :, :, :, None, None]
     s = (
         jnp.expand_dims(
             jnp.einsum(
@@ -11787,32 +9537,541 @@ def gqa_backward_dq_reference(q, k, v, o, do, lse):
         )
         * 0.088388
     )
-    p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bgrsd,bgdt->bgrst",
-            jnp.squeeze(do, (5,)),
-            jnp.squeeze(v, (2, 3)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32
-    )
-    ds = p * (dp - delta)
-    dq = jnp.expand_dims(
+    o = jnp.expand_dims(
         jnp.einsum(
             "bgrst,bgdt->bgrsd",
-            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(k, (2, 3)),
+            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
+            jnp.squeeze(v, (2, 3)),
             preferred_element_type=jnp.float32,
         ),
         (5,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, g, r, size_s, d))
-    delta = delta.reshape((b, g, r, size_s))
-    return dq, delta
+    lse = jax.nn.logsumexp(s, axis=5, keepdims=True)
+    o = o.reshape((b, g, r, size_s, d))
+    lse = lse.reshape((b, g, r, size_s))
+    return o, lse
+
+
+def _gqa_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    g,
+    r,
+    size_s,
+    d,
+    t,
+    block_s,
+    block_t,
+):
+    t_start = pl.program_id(4) * block_t
+    step = pl.program_id(4)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    s = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * 0.088388
+    )
+    max_t_block = s
+    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_previous = max_t_ref[...]
+    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+    max_t_shift = jnp.where(
+        max_t_new > -jnp.inf, max_t_new, 0.0
+    )  # a row of -inf so far subtracts 0
+    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+    max_t_ref[...] = max_t_new
+    sum_exp_t_terms = jnp.exp(s - max_t_shift)
+    sum_exp_t_block = sum_exp_t_terms
+    if t % block_t:  # a ragged T: 0.0 past its end, never padding
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+        sum_exp_t_block, axis=1, keepdims=True
+    )
+    acc_t_lhs = sum_exp_t_terms
+    acc_t_rhs = v.astype(jnp.float32)
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(4) - 1)
+    def _finish():
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
+_gqa_tpu_blocks = {
+    None: {"default": (128, 256)},
+    "v5e": {"default": (128, 256)},
+    "v6e": {"default": (128, 256)},
+}
+
+
+def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
+    """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = rt.tpu_blocks(
+        _gqa_tpu_blocks,
+        (b, g, r, size_s, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(min(size_s, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, size_s)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    rt.check_tiling(
+        "gqa",
+        block_s=(
+            block_s,
+            size_s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B +
+    # v 512 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_kernel, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
+        ),
+        # One step per element of B, element of G, element of R, block of S, block of T (D
+        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
+        # accumulate in order (arbitrary).
+        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+        ],
+        # o: bf16[B, G, R, S, D]
+        out_specs=pl.BlockSpec(
+            (None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)
+        ),
+        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            transcendentals=b * g * r * size_s * t,
+            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2,
+        ),
+        interpret=interpret,
+        name="gqa",
+    )(q, k, v)
+
+
+def _gqa_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = rt.inside(t_start, block_t, t)
+        max_t, sum_exp_t, acc_t = running
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
+        )
+        s = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * 0.088388
+        )
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = max_t_rescale * acc_t + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_t_2 = acc_t / sum_exp_t
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
+    """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
+        _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        # One program per element of B, element of G, element of R, block of S; programs run
+        # concurrently. Each holds all of D (one block of the next power of two). Each loops
+        # over the blocks of T itself, carrying running values.
+        grid=(b, g, r, pl.cdiv(size_s, block_s)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+        ],
+        # o: bf16[B, G, R, S, D]
+        out_specs=pl.BlockSpec(
+            (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+        ),
+        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gqa",
+    )(q, k, v)
+
+
+def _gqa_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_2,
+    barrier,
+    *,
+    b,
+    g,
+    r,
+    size_s,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
+    r_index = jax.lax.rem(program, r)
+    program = jax.lax.div(program, r)
+    g_index = jax.lax.rem(program, g)
+    program = jax.lax.div(program, g)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_2),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
+    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_size_s = size_s + -size_s % block_s
+    padded_t = t + -t % block_t
+    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _gqa_mosaic_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * g * r * pl.cdiv(size_s, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d))
+
+
+def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
+    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the
+    residuals lse (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need (s) from them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
+    dk_r, dv_r = gqa_backward_dkdv(
+        q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = gqa_backward_over_r(dk_r, dv_r, gpu_backend=gpu_backend, interpret=interpret)
+    return dq, dk, dv
+
+
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
+    },
+    outputs={"o": (jnp.bfloat16, ("B", "G", "R", "S", "D"))},
+    sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
+    tpu=_gqa_tpu,
+    triton=_gqa_gpu,
+    mosaic_gpu=_gqa_mosaic_gpu,
+    vjp=_gqa_vjp,
+    saves=("q", "k", "v", "o", "lse"),
+    residuals=gqa_with_residuals,
+)
+def gqa(q, k, v):
+    """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
+
+    Args:
+      q: bf16[B, G, R, S, D].
+      k: bf16[B, G, T, D].
+      v: bf16[B, G, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      o: bf16[B, G, R, S, D].
+
+    Gradients: jax.grad runs the generated backward kernels gqa_backward_dq,
+    gqa_backward_dkdv, gqa_backward_over_r (_gqa_vjp).
+    """
+    b = q.shape[0]
+    g = q.shape[1]
+    r = q.shape[2]
+    size_s = q.shape[3]
+    d = q.shape[4]
+    t = k.shape[2]
+    q = q[:, :, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bgrsd,bgdt->bgrst",
+                jnp.squeeze(q, (5,)),
+                jnp.squeeze(k, (2, 3)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * 0.088388
+    )
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bgrst,bgdt->bgrsd",
+            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
+            jnp.squeeze(v, (2, 3)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    ).astype(jnp.bfloat16)
+    o = o.reshape((b, g, r, size_s, d))
+    return o
 
 
 def _gqa_backward_dq_kernel(
@@ -12345,134 +10604,63 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     ].reshape((b, g, r, size_s, 1))
 
 
-@rt.jit_with_static_keywords
-def gqa_backward_dkdv(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    block_t=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
+    },
+    outputs={
+        "dq": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
+    },
+    sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
+    tpu=_gqa_backward_dq_tpu,
+    triton=_gqa_backward_dq_gpu,
+    mosaic_gpu=_gqa_backward_dq_mosaic_gpu,
+)
+def gqa_backward_dq(q, k, v, o, do, lse):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S (per element of R, summed next).
+    dq, and delta = sum(do * o) per query: one pass over T.
 
     Args:
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
+      o: bf16[B, G, R, S, D].
       do: bf16[B, G, R, S, D].
       lse: f32[B, G, R, S].
-      delta: f32[B, G, R, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 128.
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
+      dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
     """
-    (q, k, v, do, lse, delta), sizes = rt.operands(
-        "gqa_backward_dkdv",
-        {
-            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
-            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
-            "do": (do, jnp.bfloat16, ("B", "G", "R", "S", "D")),
-            "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
-            "delta": (delta, jnp.float32, ("B", "G", "R", "S")),
-        },
-    )
-    rt.check_blocks(
-        "gqa_backward_dkdv",
-        block_t=block_t,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, g, r, t, d, size_s = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "gqa_backward_dkdv",
-            sizes,
-            gqa_backward_dkdv_reference,
-            (((b, g, r, t, d), jnp.float32), ((b, g, r, t, d), jnp.float32)),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-        )
-    lse = lse.reshape((b, g, r, 1, size_s))  # lse: f32[B, G, R, S]
-    delta = delta.reshape((b, g, r, 1, size_s))  # delta: f32[B, G, R, S]
-    return rt.on_platform(
-        "gqa_backward_dkdv",
-        (q, k, v, do, lse, delta),
-        tpu=functools.partial(
-            _gqa_backward_dkdv_tpu,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-        ),
-        triton=functools.partial(
-            _gqa_backward_dkdv_gpu,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, size_s=size_s
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def gqa_backward_dkdv_reference(q, k, v, do, lse, delta):
-    """`gqa_backward_dkdv` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     g = q.shape[1]
     r = q.shape[2]
-    t = k.shape[2]
-    d = q.shape[4]
     size_s = q.shape[3]
-    q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
-    k = k[:, :, None, :, :, None]
-    v = v[:, :, None, :, :, None]
-    do = jnp.transpose(do, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
-    lse = lse[:, :, :, None, None, :]
-    delta = delta[:, :, :, None, None, :]
+    d = q.shape[4]
+    t = k.shape[2]
+    q = q[:, :, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
+    o = o[:, :, :, :, :, None]
+    do = do[:, :, :, :, :, None]
+    lse = lse[:, :, :, :, None, None]
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bgtd,bgrds->bgrts",
-                jnp.squeeze(k, (2, 5)),
-                jnp.squeeze(q, (3,)),
+                "bgrsd,bgdt->bgrst",
+                jnp.squeeze(q, (5,)),
+                jnp.squeeze(k, (2, 3)),
                 preferred_element_type=jnp.float32,
             ),
             (4,),
@@ -12480,37 +10668,31 @@ def gqa_backward_dkdv_reference(q, k, v, do, lse, delta):
         * 0.088388
     )
     p = jnp.exp(s - lse)
-    dv_r = jnp.expand_dims(
-        jnp.einsum(
-            "bgrts,bgrds->bgrtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(do, (3,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (5,),
-    )
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bgtd,bgrds->bgrts",
-            jnp.squeeze(v, (2, 5)),
-            jnp.squeeze(do, (3,)),
+            "bgrsd,bgdt->bgrst",
+            jnp.squeeze(do, (5,)),
+            jnp.squeeze(v, (2, 3)),
             preferred_element_type=jnp.float32,
         ),
         (4,),
     )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32
+    )
     ds = p * (dp - delta)
-    dk_r = jnp.expand_dims(
+    dq = jnp.expand_dims(
         jnp.einsum(
-            "bgrts,bgrds->bgrtd",
+            "bgrst,bgdt->bgrsd",
             jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(q, (3,)),
+            jnp.squeeze(k, (2, 3)),
             preferred_element_type=jnp.float32,
         ),
         (5,),
-    )
-    dk_r = dk_r.reshape((b, g, r, t, d))
-    dv_r = dv_r.reshape((b, g, r, t, d))
-    return dk_r, dv_r
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, g, r, size_s, d))
+    delta = delta.reshape((b, g, r, size_s))
+    return dq, delta
 
 
 def _gqa_backward_dkdv_kernel(
@@ -13055,116 +11237,101 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     )
 
 
-@rt.jit_with_static_keywords
-def gqa_backward_over_r(
-    dk_r,
-    dv_r,
-    *,
-    block_b=None,
-    block_g=None,
-    block_t=None,
-    gpu_block_b=None,
-    gpu_block_g=None,
-    gpu_block_t=None,
-    gpu_block_d=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
+@rt.kernel(
+    inputs={
+        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
+        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
+        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
+        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
+    },
+    outputs={
+        "dk_r": (jnp.float32, ("B", "G", "R", "T", "D")),
+        "dv_r": (jnp.float32, ("B", "G", "R", "T", "D")),
+    },
+    sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d", "S": "size_s"},
+    tpu=_gqa_backward_dkdv_tpu,
+    triton=_gqa_backward_dkdv_gpu,
+    mosaic_gpu=_gqa_backward_dkdv_mosaic_gpu,
+)
+def gqa_backward_dkdv(q, k, v, do, lse, delta):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dk, dv summed over R.
+    dk, dv: one pass over S (per element of R, summed next).
 
     Args:
-      dk_r: f32[B, G, R, T, D].
-      dv_r: f32[B, G, R, T, D].
-      block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 1, 256.
+      q: bf16[B, G, R, S, D].
+      k: bf16[B, G, T, D].
+      v: bf16[B, G, T, D].
+      do: bf16[B, G, R, S, D].
+      lse: f32[B, G, R, S].
+      delta: f32[B, G, R, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
+        (rt.grown), else 256, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
+      dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
     """
-    (dk_r, dv_r), sizes = rt.operands(
-        "gqa_backward_over_r",
-        {
-            "dk_r": (dk_r, jnp.float32, ("B", "G", "R", "T", "D")),
-            "dv_r": (dv_r, jnp.float32, ("B", "G", "R", "T", "D")),
-        },
-    )
-    rt.check_blocks(
-        "gqa_backward_over_r",
-        block_b=block_b,
-        block_g=block_g,
-        block_t=block_t,
-        gpu_block_b=gpu_block_b,
-        gpu_block_g=gpu_block_g,
-        gpu_block_t=gpu_block_t,
-        gpu_block_d=gpu_block_d,
-        may_be_none=True,
-    )
-    b, g, r, t, d = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "gqa_backward_over_r",
-            sizes,
-            gqa_backward_over_r_reference,
-            (((b, g, t, d), jnp.bfloat16), ((b, g, t, d), jnp.bfloat16)),
-            dk_r,
-            dv_r,
+    b = q.shape[0]
+    g = q.shape[1]
+    r = q.shape[2]
+    t = k.shape[2]
+    d = q.shape[4]
+    size_s = q.shape[3]
+    q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
+    k = k[:, :, None, :, :, None]
+    v = v[:, :, None, :, :, None]
+    do = jnp.transpose(do, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
+    lse = lse[:, :, :, None, None, :]
+    delta = delta[:, :, :, None, None, :]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bgtd,bgrds->bgrts",
+                jnp.squeeze(k, (2, 5)),
+                jnp.squeeze(q, (3,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
         )
-    dk, dv = rt.on_platform(
-        "gqa_backward_over_r",
-        (dk_r, dv_r),
-        tpu=functools.partial(
-            _gqa_backward_over_r_tpu,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            block_b=block_b,
-            block_g=block_g,
-            block_t=block_t,
-        ),
-        triton=functools.partial(
-            _gqa_backward_over_r_gpu,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            block_b=gpu_block_b,
-            block_g=gpu_block_g,
-            block_t=gpu_block_t,
-            block_d=gpu_block_d,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        * 0.088388
     )
-    dk = dk.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
-    dv = dv.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dk, dv
-
-
-def gqa_backward_over_r_reference(dk_r, dv_r):
-    """`gqa_backward_over_r` in plain jax.numpy, to test the kernel against."""
-    b = dk_r.shape[0]
-    g = dk_r.shape[1]
-    r = dk_r.shape[2]
-    t = dk_r.shape[3]
-    d = dk_r.shape[4]
-    dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
-    dv = jnp.sum(dv_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
-    dk = dk.reshape((b, g, t, d))
-    dv = dv.reshape((b, g, t, d))
-    return dk, dv
+    p = jnp.exp(s - lse)
+    dv_r = jnp.expand_dims(
+        jnp.einsum(
+            "bgrts,bgrds->bgrtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (4,)),
+            jnp.squeeze(do, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    )
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bgtd,bgrds->bgrts",
+            jnp.squeeze(v, (2, 5)),
+            jnp.squeeze(do, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    )
+    ds = p * (dp - delta)
+    dk_r = jnp.expand_dims(
+        jnp.einsum(
+            "bgrts,bgrds->bgrtd",
+            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
+            jnp.squeeze(q, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    )
+    dk_r = dk_r.reshape((b, g, r, t, d))
+    dv_r = dv_r.reshape((b, g, r, t, d))
+    return dk_r, dv_r
 
 
 def _gqa_backward_over_r_kernel(
@@ -13481,198 +11648,47 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
 
 
-@rt.jit_with_static_keywords
-def matmul_softmax(
-    x,
-    w,
-    *,
-    block_m=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `matmul_softmax` Pallas kernel.
+@rt.kernel(
+    inputs={
+        "dk_r": (jnp.float32, ("B", "G", "R", "T", "D")),
+        "dv_r": (jnp.float32, ("B", "G", "R", "T", "D")),
+    },
+    outputs={
+        "dk": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
+        "dv": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
+    },
+    sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
+    tpu=_gqa_backward_over_r_tpu,
+    triton=_gqa_backward_over_r_gpu,
+    mosaic_gpu=_gqa_backward_over_r_mosaic_gpu,
+)
+def gqa_backward_over_r(dk_r, dv_r):
+    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
+    dk, dv summed over R.
 
     Args:
-      x: bf16[M, K].
-      w: bf16[K, N].
-      block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 512.
+      dk_r: f32[B, G, R, T, D].
+      dv_r: f32[B, G, R, T, D].
+      block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
+        grown to large steps (rt.grown), else 1, 1, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward,
-    matmul_softmax_backward_x, matmul_softmax_backward_w (_matmul_softmax_vjp).
+      dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
     """
-    (x, w), sizes = rt.operands(
-        "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
-    )
-    rt.check_blocks(
-        "matmul_softmax",
-        block_m=block_m,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_softmax", sizes, matmul_softmax_reference, (((m, n), jnp.float32),), x, w
-        )
-    return rt.differentiable(
-        functools.partial(
-            _matmul_softmax_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_matmul_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        w,
-        saving=functools.partial(
-            _matmul_softmax_saving,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def matmul_softmax_reference(x, w):
-    """`matmul_softmax` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = w.shape[1]
-    k = x.shape[1]
-    x = x[:, None, :]
-    w = jnp.transpose(w, (1, 0))[None, :, :]
-    y = jax.nn.softmax(
-        jnp.expand_dims(
-            jnp.einsum(
-                "mk,nk->mn",
-                jnp.squeeze(x, (1,)),
-                jnp.squeeze(w, (0,)),
-                preferred_element_type=jnp.float32,
-            ),
-            (2,),
-        ),
-        axis=1,
-    )
-    y = y.reshape((m, n))
-    return y
-
-
-def _matmul_softmax_forward(
-    x,
-    w,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_k,
-    gpu_block_m,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`matmul_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "matmul_softmax",
-        (x, w),
-        tpu=functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        triton=functools.partial(
-            _matmul_softmax_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _matmul_softmax_saving(
-    x,
-    w,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_k,
-    gpu_block_m,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`matmul_softmax` forward under jax.grad: its outputs, and what its backward kernels read
-    (x, w, y).
-    """
-    y = _matmul_softmax_forward(
-        x,
-        w,
-        m=m,
-        n=n,
-        k=k,
-        block_m=block_m,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return y, (x, w, y)
-
-
-def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
-    matmul_softmax_backward_w. The forward pass saves its inputs (x, w) and its outputs y
-    (read, not recomputed): the backward kernels recompute the values they need from them.
-    """
-    x, w, y = saved
-    dy = cotangents
-    dacc = matmul_softmax_backward(y, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dx = matmul_softmax_backward_x(dacc, w, gpu_backend=gpu_backend, interpret=interpret)
-    dw = matmul_softmax_backward_w(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dw
+    b = dk_r.shape[0]
+    g = dk_r.shape[1]
+    r = dk_r.shape[2]
+    t = dk_r.shape[3]
+    d = dk_r.shape[4]
+    dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
+    dv = jnp.sum(dv_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
+    dk = dk.reshape((b, g, t, d))
+    dv = dv.reshape((b, g, t, d))
+    return dk, dv
 
 
 def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
@@ -14071,75 +12087,68 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@rt.jit_with_static_keywords
-def matmul_softmax_backward(
-    y,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
-    of its inputs from dy, those of its outputs.
+def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
+    matmul_softmax_backward_w. The forward pass saves its inputs (x, w) and its outputs y
+    (read, not recomputed): the backward kernels recompute the values they need from them.
+    """
+    x, w, y = saved
+    dy = cotangents
+    dacc = matmul_softmax_backward(y, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = matmul_softmax_backward_x(dacc, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = matmul_softmax_backward_w(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dw
+
+
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "w": (jnp.bfloat16, ("K", "N"))},
+    outputs={"y": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_softmax_tpu,
+    triton=_matmul_softmax_gpu,
+    mosaic_gpu=_matmul_softmax_mosaic_gpu,
+    vjp=_matmul_softmax_vjp,
+    saves=("x", "w", "y"),
+)
+def matmul_softmax(x, w):
+    """The `matmul_softmax` Pallas kernel.
 
     Args:
-      y: f32[M, N].
-      dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 128.
+      x: bf16[M, K].
+      w: bf16[K, N].
+      block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
+        (rt.grown), else 128, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dacc: bf16[M, N].
+      y: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward,
+    matmul_softmax_backward_x, matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
-    (y, dy), sizes = rt.operands(
-        "matmul_softmax_backward",
-        {"y": (y, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
-    )
-    rt.check_blocks(
-        "matmul_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_softmax_backward",
-            sizes,
-            matmul_softmax_backward_reference,
-            (((m, n), jnp.bfloat16),),
-            y,
-            dy,
-        )
-    return rt.on_platform(
-        "matmul_softmax_backward",
-        (y, dy),
-        tpu=functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _matmul_softmax_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+    m = x.shape[0]
+    n = w.shape[1]
+    k = x.shape[1]
+    x = x[:, None, :]
+    w = jnp.transpose(w, (1, 0))[None, :, :]
+    y = jax.nn.softmax(
+        jnp.expand_dims(
+            jnp.einsum(
+                "mk,nk->mn",
+                jnp.squeeze(x, (1,)),
+                jnp.squeeze(w, (0,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (2,),
         ),
-        mosaic_gpu=functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        axis=1,
     )
-
-
-def matmul_softmax_backward_reference(y, dy):
-    """`matmul_softmax_backward` in plain jax.numpy, to test the kernel against."""
-    dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(
-        jnp.bfloat16
-    )
-    return dacc
+    y = y.reshape((m, n))
+    return y
 
 
 def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref, *, m, n, block_m):
@@ -14365,110 +12374,35 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     return dacc[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def matmul_softmax_backward_x(
-    dacc,
-    w,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
-    its input x, from dacc, the cotangent of its product.
+@rt.kernel(
+    inputs={"y": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    outputs={"dacc": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_matmul_softmax_backward_tpu,
+    triton=_matmul_softmax_backward_gpu,
+    mosaic_gpu=_matmul_softmax_backward_mosaic_gpu,
+)
+def matmul_softmax_backward(y, dy):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
+    of its inputs from dy, those of its outputs.
 
     Args:
-      dacc: bf16[M, N].
-      w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
-        else 128, 512, 512.
+      y: f32[M, N].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, K].
+      dacc: bf16[M, N].
     """
-    (dacc, w), sizes = rt.operands(
-        "matmul_softmax_backward_x",
-        {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
+    dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(
+        jnp.bfloat16
     )
-    rt.check_blocks(
-        "matmul_softmax_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_softmax_backward_x",
-            sizes,
-            matmul_softmax_backward_x_reference,
-            (((m, k), jnp.bfloat16),),
-            dacc,
-            w,
-        )
-    return rt.on_platform(
-        "matmul_softmax_backward_x",
-        (dacc, w),
-        tpu=functools.partial(
-            _matmul_softmax_backward_x_tpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
-        triton=functools.partial(
-            _matmul_softmax_backward_x_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_softmax_backward_x_mosaic_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=mgpu_block_m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_softmax_backward_x_reference(dacc, w):
-    """`matmul_softmax_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
-    return dx
+    return dacc
 
 
 def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
@@ -14741,110 +12675,35 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@rt.jit_with_static_keywords
-def matmul_softmax_backward_w(
-    x,
-    dacc,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_block_m=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
-    its input w, from dacc, the cotangent of its product.
+@rt.kernel(
+    inputs={"dacc": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
+    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_matmul_softmax_backward_x_tpu,
+    triton=_matmul_softmax_backward_x_gpu,
+    mosaic_gpu=_matmul_softmax_backward_x_mosaic_gpu,
+)
+def matmul_softmax_backward_x(dacc, w):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
+    its input x, from dacc, the cotangent of its product.
 
     Args:
-      x: bf16[M, K].
       dacc: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
-        else 512, 512, 128.
+      w: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
+        else 128, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dw: bf16[K, N].
+      dx: bf16[M, K].
     """
-    (x, dacc), sizes = rt.operands(
-        "matmul_softmax_backward_w",
-        {"x": (x, jnp.bfloat16, ("M", "K")), "dacc": (dacc, jnp.bfloat16, ("M", "N"))},
-    )
-    rt.check_blocks(
-        "matmul_softmax_backward_w",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    k, n, m = sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_softmax_backward_w",
-            sizes,
-            matmul_softmax_backward_w_reference,
-            (((k, n), jnp.bfloat16),),
-            x,
-            dacc,
-        )
-    return rt.on_platform(
-        "matmul_softmax_backward_w",
-        (x, dacc),
-        tpu=functools.partial(
-            _matmul_softmax_backward_w_tpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        triton=functools.partial(
-            _matmul_softmax_backward_w_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_softmax_backward_w_mosaic_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            block_m=mgpu_block_m,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_softmax_backward_w_reference(x, dacc):
-    """`matmul_softmax_backward_w` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
-    return dw
+    acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
 
 
 def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, block_m):
@@ -15113,174 +12972,35 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul(
-    x,
-    g,
-    w,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `rmsnorm_matmul` Pallas kernel.
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "dacc": (jnp.bfloat16, ("M", "N"))},
+    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    sizes={"K": "k", "N": "n", "M": "m"},
+    tpu=_matmul_softmax_backward_w_tpu,
+    triton=_matmul_softmax_backward_w_gpu,
+    mosaic_gpu=_matmul_softmax_backward_w_mosaic_gpu,
+)
+def matmul_softmax_backward_w(x, dacc):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
+    its input w, from dacc, the cotangent of its product.
 
     Args:
       x: bf16[M, K].
-      g: f32[K].
-      w: bf16[K, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512.
+      dacc: bf16[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
+        else 512, 512, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: bf16[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs,
-    rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
-    rmsnorm_matmul_lhs_backward_over_m (_rmsnorm_matmul_vjp).
+      dw: bf16[K, N].
     """
-    (x, g, w), sizes = rt.operands(
-        "rmsnorm_matmul",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "g": (g, jnp.float32, ("K",)),
-            "w": (w, jnp.bfloat16, ("K", "N")),
-        },
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul", sizes, rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w
-        )
-    return rt.differentiable(
-        functools.partial(
-            _rmsnorm_matmul_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_rmsnorm_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        g,
-        w,
-    )
-
-
-def rmsnorm_matmul_reference(x, g, w):
-    """`rmsnorm_matmul` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = w.shape[1]
-    k = x.shape[1]
-    x = x[:, None, :]
-    g = g[None, None, :]
-    w = jnp.transpose(w, (1, 0))[None, :, :]
-    h = x.astype(jnp.float32)
-    y = jnp.expand_dims(
-        jnp.einsum(
-            "mk,nk->mn",
-            jnp.squeeze(
-                (
-                    h
-                    * jax.lax.rsqrt(
-                        jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06
-                    )
-                    * g
-                ).astype(jnp.bfloat16),
-                (1,),
-            ),
-            jnp.squeeze(w, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
-    ).astype(jnp.bfloat16)
-    y = y.reshape((m, n))
-    return y
-
-
-def _rmsnorm_matmul_forward(
-    x,
-    g,
-    w,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`rmsnorm_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    g = g.reshape((1, k))  # g: f32[K]
-    return rt.on_platform(
-        "rmsnorm_matmul",
-        (x, g, w),
-        tpu=functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _rmsnorm_matmul_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
-    rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
-    rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w) and
-    nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from
-    them.
-    """
-    x, g, w = saved
-    dy = cotangents
-    lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
-    dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)
-    dw = rmsnorm_matmul_backward_w(lhs, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dx = rmsnorm_matmul_lhs_backward(
-        x, g, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dg = rmsnorm_matmul_lhs_backward_over_m(
-        x, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dx, dg, dw
+    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw
 
 
 def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):
@@ -15641,81 +13361,89 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul_lhs(
-    x,
-    g,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Part of the backward pass of `rmsnorm_matmul`, generated from its spec: its product's
-    operand lhs, computed again from its inputs, and the row statistics its derivative reads.
+def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
+    rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
+    rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w) and
+    nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from
+    them.
+    """
+    x, g, w = saved
+    dy = cotangents
+    lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
+    dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = rmsnorm_matmul_backward_w(lhs, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = rmsnorm_matmul_lhs_backward(
+        x, g, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dg = rmsnorm_matmul_lhs_backward_over_m(
+        x, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dx, dg, dw
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "g": (jnp.float32, ("K",), (1, "K")),
+        "w": (jnp.bfloat16, ("K", "N")),
+    },
+    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_rmsnorm_matmul_tpu,
+    triton=_rmsnorm_matmul_gpu,
+    mosaic_gpu=_rmsnorm_matmul_mosaic_gpu,
+    vjp=_rmsnorm_matmul_vjp,
+)
+def rmsnorm_matmul(x, g, w):
+    """The `rmsnorm_matmul` Pallas kernel.
 
     Args:
       x: bf16[M, K].
       g: f32[K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
+      w: bf16[K, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
+        (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      lhs: bf16[M, K]; mean_k: f32[M].
+      y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs,
+    rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
+    rmsnorm_matmul_lhs_backward_over_m (_rmsnorm_matmul_vjp).
     """
-    (x, g), sizes = rt.operands(
-        "rmsnorm_matmul_lhs", {"x": (x, jnp.bfloat16, ("M", "K")), "g": (g, jnp.float32, ("K",))}
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_lhs", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, k = sizes["M"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul_lhs",
-            sizes,
-            rmsnorm_matmul_lhs_reference,
-            (((m, k), jnp.bfloat16), ((m,), jnp.float32)),
-            x,
-            g,
-        )
-    g = g.reshape(1, k)  # g: f32[K], broadcast over M
-    lhs, mean_k = rt.on_platform(
-        "rmsnorm_matmul_lhs",
-        (x, g),
-        tpu=functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
-        triton=functools.partial(
-            _rmsnorm_matmul_lhs_gpu,
-            m=m,
-            k=k,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    mean_k = mean_k.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return lhs, mean_k
-
-
-def rmsnorm_matmul_lhs_reference(x, g):
-    """`rmsnorm_matmul_lhs` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
+    n = w.shape[1]
     k = x.shape[1]
-    g = g[None, :]
+    x = x[:, None, :]
+    g = g[None, None, :]
+    w = jnp.transpose(w, (1, 0))[None, :, :]
     h = x.astype(jnp.float32)
-    mean_k = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
-    lhs = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
-    mean_k = mean_k.reshape((m,))
-    return lhs, mean_k
+    y = jnp.expand_dims(
+        jnp.einsum(
+            "mk,nk->mn",
+            jnp.squeeze(
+                (
+                    h
+                    * jax.lax.rsqrt(
+                        jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06
+                    )
+                    * g
+                ).astype(jnp.bfloat16),
+                (1,),
+            ),
+            jnp.squeeze(w, (0,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (2,),
+    ).astype(jnp.bfloat16)
+    y = y.reshape((m, n))
+    return y
 
 
 def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block_m):
@@ -15960,110 +13688,39 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k], mean_k[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul_backward_lhs(
-    dy,
-    w,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
-    its input lhs, from dy, the cotangent of its product.
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "g": (jnp.float32, ("K",), (1, "K"))},
+    outputs={"lhs": (jnp.bfloat16, ("M", "K")), "mean_k": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "K": "k"},
+    tpu=_rmsnorm_matmul_lhs_tpu,
+    triton=_rmsnorm_matmul_lhs_gpu,
+    mosaic_gpu=_rmsnorm_matmul_lhs_mosaic_gpu,
+)
+def rmsnorm_matmul_lhs(x, g):
+    """Part of the backward pass of `rmsnorm_matmul`, generated from its spec: its product's
+    operand lhs, computed again from its inputs, and the row statistics its derivative reads.
 
     Args:
-      dy: bf16[M, N].
-      w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
-        else 256, 512, 512.
+      x: bf16[M, K].
+      g: f32[K].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
+        grown to large steps (rt.grown), else 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dlhs: bf16[M, K].
+      lhs: bf16[M, K]; mean_k: f32[M].
     """
-    (dy, w), sizes = rt.operands(
-        "rmsnorm_matmul_backward_lhs",
-        {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_backward_lhs",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul_backward_lhs",
-            sizes,
-            rmsnorm_matmul_backward_lhs_reference,
-            (((m, k), jnp.bfloat16),),
-            dy,
-            w,
-        )
-    return rt.on_platform(
-        "rmsnorm_matmul_backward_lhs",
-        (dy, w),
-        tpu=functools.partial(
-            _rmsnorm_matmul_backward_lhs_tpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
-        triton=functools.partial(
-            _rmsnorm_matmul_backward_lhs_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _rmsnorm_matmul_backward_lhs_mosaic_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=mgpu_block_m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def rmsnorm_matmul_backward_lhs_reference(dy, w):
-    """`rmsnorm_matmul_backward_lhs` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
-    dlhs = acc.astype(jnp.bfloat16)
-    return dlhs
+    m = x.shape[0]
+    k = x.shape[1]
+    g = g[None, :]
+    h = x.astype(jnp.float32)
+    mean_k = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
+    lhs = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
+    mean_k = mean_k.reshape((m,))
+    return lhs, mean_k
 
 
 def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, block_n):
@@ -16336,110 +13993,35 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     return dlhs[:m, :k]
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul_backward_w(
-    lhs,
-    dy,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_block_m=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
-    its input w, from dy, the cotangent of its product.
+@rt.kernel(
+    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
+    outputs={"dlhs": (jnp.bfloat16, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_rmsnorm_matmul_backward_lhs_tpu,
+    triton=_rmsnorm_matmul_backward_lhs_gpu,
+    mosaic_gpu=_rmsnorm_matmul_backward_lhs_mosaic_gpu,
+)
+def rmsnorm_matmul_backward_lhs(dy, w):
+    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
+    its input lhs, from dy, the cotangent of its product.
 
     Args:
-      lhs: bf16[M, K].
       dy: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
-        else 512, 512, 256.
+      w: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
+        else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dw: bf16[K, N].
+      dlhs: bf16[M, K].
     """
-    (lhs, dy), sizes = rt.operands(
-        "rmsnorm_matmul_backward_w",
-        {"lhs": (lhs, jnp.bfloat16, ("M", "K")), "dy": (dy, jnp.bfloat16, ("M", "N"))},
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_backward_w",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    k, n, m = sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul_backward_w",
-            sizes,
-            rmsnorm_matmul_backward_w_reference,
-            (((k, n), jnp.bfloat16),),
-            lhs,
-            dy,
-        )
-    return rt.on_platform(
-        "rmsnorm_matmul_backward_w",
-        (lhs, dy),
-        tpu=functools.partial(
-            _rmsnorm_matmul_backward_w_tpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        triton=functools.partial(
-            _rmsnorm_matmul_backward_w_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _rmsnorm_matmul_backward_w_mosaic_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            block_m=mgpu_block_m,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def rmsnorm_matmul_backward_w_reference(lhs, dy):
-    """`rmsnorm_matmul_backward_w` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
-    return dw
+    acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
+    dlhs = acc.astype(jnp.bfloat16)
+    return dlhs
 
 
 def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, block_m):
@@ -16708,101 +14290,35 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul_lhs_backward(
-    x,
-    g,
-    mean_k,
-    dlhs,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
-    of its inputs from dlhs, those of its outputs.
+@rt.kernel(
+    inputs={"lhs": (jnp.bfloat16, ("M", "K")), "dy": (jnp.bfloat16, ("M", "N"))},
+    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    sizes={"K": "k", "N": "n", "M": "m"},
+    tpu=_rmsnorm_matmul_backward_w_tpu,
+    triton=_rmsnorm_matmul_backward_w_gpu,
+    mosaic_gpu=_rmsnorm_matmul_backward_w_mosaic_gpu,
+)
+def rmsnorm_matmul_backward_w(lhs, dy):
+    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
+    its input w, from dy, the cotangent of its product.
 
     Args:
-      x: bf16[M, K].
-      g: f32[K].
-      mean_k: f32[M].
-      dlhs: bf16[M, K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
+      lhs: bf16[M, K].
+      dy: bf16[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
+        else 512, 512, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, K].
+      dw: bf16[K, N].
     """
-    (x, g, mean_k, dlhs), sizes = rt.operands(
-        "rmsnorm_matmul_lhs_backward",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "g": (g, jnp.float32, ("K",)),
-            "mean_k": (mean_k, jnp.float32, ("M",)),
-            "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
-        },
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_lhs_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, k = sizes["M"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul_lhs_backward",
-            sizes,
-            rmsnorm_matmul_lhs_backward_reference,
-            (((m, k), jnp.bfloat16),),
-            x,
-            g,
-            mean_k,
-            dlhs,
-        )
-    g = g.reshape(1, k)  # g: f32[K], broadcast over M
-    mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
-    return rt.on_platform(
-        "rmsnorm_matmul_lhs_backward",
-        (x, g, mean_k, dlhs),
-        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
-        triton=functools.partial(
-            _rmsnorm_matmul_lhs_backward_gpu,
-            m=m,
-            k=k,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def rmsnorm_matmul_lhs_backward_reference(x, g, mean_k, dlhs):
-    """`rmsnorm_matmul_lhs_backward` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    k = x.shape[1]
-    g = g[None, :]
-    mean_k = mean_k[:, None]
-    h = x.astype(jnp.float32)
-    lhs_2 = mean_k + 1e-06
-    lhs_3 = jax.lax.rsqrt(lhs_2)
-    dlhs_1 = dlhs.astype(jnp.float32)
-    dlhs_2 = dlhs_1 * g
-    dlhs_3 = (
-        jnp.sum((dlhs_2 * h), axis=1, keepdims=True, dtype=jnp.float32)
-        * (-0.5 * (lhs_3 / lhs_2))
-        / k
-    )
-    dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
-    dx = dh.astype(jnp.bfloat16)
-    return dx
+    acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw
 
 
 def _rmsnorm_matmul_lhs_backward_kernel(
@@ -17102,98 +14618,55 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     return dx[:m, :k]
 
 
-@rt.jit_with_static_keywords
-def rmsnorm_matmul_lhs_backward_over_m(
-    x,
-    mean_k,
-    dlhs,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
-    of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "g": (jnp.float32, ("K",), (1, "K")),
+        "mean_k": (jnp.float32, ("M",), ("M", 1)),
+        "dlhs": (jnp.bfloat16, ("M", "K")),
+    },
+    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    sizes={"M": "m", "K": "k"},
+    tpu=_rmsnorm_matmul_lhs_backward_tpu,
+    triton=_rmsnorm_matmul_lhs_backward_gpu,
+    mosaic_gpu=_rmsnorm_matmul_lhs_backward_mosaic_gpu,
+)
+def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
+    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
+    of its inputs from dlhs, those of its outputs.
 
     Args:
       x: bf16[M, K].
+      g: f32[K].
       mean_k: f32[M].
       dlhs: bf16[M, K].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dg: f32[K].
+      dx: bf16[M, K].
     """
-    (x, mean_k, dlhs), sizes = rt.operands(
-        "rmsnorm_matmul_lhs_backward_over_m",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "mean_k": (mean_k, jnp.float32, ("M",)),
-            "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
-        },
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_lhs_backward_over_m",
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, k = sizes["M"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rmsnorm_matmul_lhs_backward_over_m",
-            sizes,
-            rmsnorm_matmul_lhs_backward_over_m_reference,
-            (((k,), jnp.float32),),
-            x,
-            mean_k,
-            dlhs,
-        )
-    mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
-    dg = rt.on_platform(
-        "rmsnorm_matmul_lhs_backward_over_m",
-        (x, mean_k, dlhs),
-        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
-        triton=functools.partial(
-            _rmsnorm_matmul_lhs_backward_over_m_gpu,
-            m=m,
-            k=k,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dg = dg.reshape((k,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dg
-
-
-def rmsnorm_matmul_lhs_backward_over_m_reference(x, mean_k, dlhs):
-    """`rmsnorm_matmul_lhs_backward_over_m` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     k = x.shape[1]
+    g = g[None, :]
     mean_k = mean_k[:, None]
     h = x.astype(jnp.float32)
-    lhs_1 = mean_k + 1e-06
-    lhs_2 = jax.lax.rsqrt(lhs_1)
-    lhs_3 = h * lhs_2
+    lhs_2 = mean_k + 1e-06
+    lhs_3 = jax.lax.rsqrt(lhs_2)
     dlhs_1 = dlhs.astype(jnp.float32)
-    dg = jnp.sum((dlhs_1 * lhs_3), axis=0, keepdims=True, dtype=jnp.float32)
-    dg = dg.reshape((k,))
-    return dg
+    dlhs_2 = dlhs_1 * g
+    dlhs_3 = (
+        jnp.sum((dlhs_2 * h), axis=1, keepdims=True, dtype=jnp.float32)
+        * (-0.5 * (lhs_3 / lhs_2))
+        / k
+    )
+    dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
+    dx = dh.astype(jnp.bfloat16)
+    return dx
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_kernel(
@@ -17453,3 +14926,46 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
         interpret=interpret,
     )(x, mean_k, dlhs)
     return dg[:k].reshape((1, k))
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "mean_k": (jnp.float32, ("M",), ("M", 1)),
+        "dlhs": (jnp.bfloat16, ("M", "K")),
+    },
+    outputs={"dg": (jnp.float32, ("K",), (1, "K"))},
+    sizes={"M": "m", "K": "k"},
+    tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
+    triton=_rmsnorm_matmul_lhs_backward_over_m_gpu,
+    mosaic_gpu=_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu,
+)
+def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
+    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
+    of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, K].
+      mean_k: f32[M].
+      dlhs: bf16[M, K].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
+        grown to large steps (rt.grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dg: f32[K].
+    """
+    m = x.shape[0]
+    k = x.shape[1]
+    mean_k = mean_k[:, None]
+    h = x.astype(jnp.float32)
+    lhs_1 = mean_k + 1e-06
+    lhs_2 = jax.lax.rsqrt(lhs_1)
+    lhs_3 = h * lhs_2
+    dlhs_1 = dlhs.astype(jnp.float32)
+    dg = jnp.sum((dlhs_1 * lhs_3), axis=0, keepdims=True, dtype=jnp.float32)
+    dg = dg.reshape((k,))
+    return dg

@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/giou.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,202 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def giou(
-    ax1,
-    ay1,
-    ax2,
-    ay2,
-    bx1,
-    by1,
-    bx2,
-    by2,
-    *,
-    block_b=None,
-    block_n=None,
-    gpu_block_b=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-07,
-    interpret=None,
-):
-    """Generalized intersection over union of box pairs, from \"The Rise of Pallas\".
-
-    Box a is (ax1, ay1)-(ax2, ay2) and box b is (bx1, by1)-(bx2, by2), one pair per
-    element. `eps` keeps empty boxes from dividing by zero.
-
-    Args:
-      ax1: f32[B, N].
-      ay1: f32[B, N].
-      ax2: f32[B, N].
-      ay2: f32[B, N].
-      bx1: f32[B, N].
-      by1: f32[B, N].
-      bx2: f32[B, N].
-      by2: f32[B, N].
-      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      eps: a static f32 (default 1e-07).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      giou: f32[B, N].
-
-    Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
-    """
-    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2), sizes = rt.operands(
-        "giou",
-        {
-            "ax1": (ax1, jnp.float32, ("B", "N")),
-            "ay1": (ay1, jnp.float32, ("B", "N")),
-            "ax2": (ax2, jnp.float32, ("B", "N")),
-            "ay2": (ay2, jnp.float32, ("B", "N")),
-            "bx1": (bx1, jnp.float32, ("B", "N")),
-            "by1": (by1, jnp.float32, ("B", "N")),
-            "bx2": (bx2, jnp.float32, ("B", "N")),
-            "by2": (by2, jnp.float32, ("B", "N")),
-        },
-    )
-    rt.check_blocks(
-        "giou",
-        block_b=block_b,
-        block_n=block_n,
-        gpu_block_b=gpu_block_b,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    b, n = sizes["B"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "giou",
-            sizes,
-            giou_reference,
-            (((b, n), jnp.float32),),
-            ax1,
-            ay1,
-            ax2,
-            ay2,
-            bx1,
-            by1,
-            bx2,
-            by2,
-            eps=eps,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _giou_forward,
-            b=b,
-            n=n,
-            block_b=block_b,
-            block_n=block_n,
-            gpu_block_b=gpu_block_b,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            eps=eps,
-            interpret=interpret,
-        ),
-        functools.partial(_giou_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
-    )
-
-
-def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
-    """`giou` in plain jax.numpy, to test the kernel against."""
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
-    giou = inter / (union + eps) - (hull - union) / (hull + eps)
-    return giou
-
-
-def _giou_forward(
-    ax1,
-    ay1,
-    ax2,
-    ay2,
-    bx1,
-    by1,
-    bx2,
-    by2,
-    *,
-    b,
-    n,
-    block_b,
-    block_n,
-    gpu_block_b,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    eps,
-    interpret,
-):
-    """`giou` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "giou",
-        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2),
-        tpu=functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        triton=functools.partial(
-            _giou_gpu,
-            b=b,
-            n=n,
-            block_b=gpu_block_b,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _giou_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
-    ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
-    values they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
-    """
-    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
-    dgiou = cotangents
-    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
-        dgiou,
-        eps=eps,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
 
 
 def _giou_kernel(
@@ -546,30 +350,55 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     return giou[:b, :n]
 
 
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def giou_backward(
-    ax1,
-    ay1,
-    ax2,
-    ay2,
-    bx1,
-    by1,
-    bx2,
-    by2,
-    dgiou,
-    *,
-    block_b=None,
-    block_n=None,
-    gpu_block_b=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-07,
-    interpret=None,
-):
-    """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
-    of its inputs from dgiou, those of its outputs.
+def _giou_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
+    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
+    ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
+    values they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
+    """
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
+    dgiou = cotangents
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
+        ax1,
+        ay1,
+        ax2,
+        ay2,
+        bx1,
+        by1,
+        bx2,
+        by2,
+        dgiou,
+        eps=eps,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
+
+
+@rt.kernel(
+    inputs={
+        "ax1": (jnp.float32, ("B", "N")),
+        "ay1": (jnp.float32, ("B", "N")),
+        "ax2": (jnp.float32, ("B", "N")),
+        "ay2": (jnp.float32, ("B", "N")),
+        "bx1": (jnp.float32, ("B", "N")),
+        "by1": (jnp.float32, ("B", "N")),
+        "bx2": (jnp.float32, ("B", "N")),
+        "by2": (jnp.float32, ("B", "N")),
+    },
+    outputs={"giou": (jnp.float32, ("B", "N"))},
+    sizes={"B": "b", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_giou_tpu,
+    triton=_giou_gpu,
+    mosaic_gpu=_giou_mosaic_gpu,
+    vjp=_giou_vjp,
+)
+def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
+    """Generalized intersection over union of box pairs, from \"The Rise of Pallas\".
+
+    Box a is (ax1, ay1)-(ax2, ay2) and box b is (bx1, by1)-(bx2, by2), one pair per
+    element. `eps` keeps empty boxes from dividing by zero.
 
     Args:
       ax1: f32[B, N].
@@ -580,9 +409,8 @@ def giou_backward(
       by1: f32[B, N].
       bx2: f32[B, N].
       by2: f32[B, N].
-      dgiou: f32[B, N].
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
         grown to large steps (rt.grown), else 256, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -590,171 +418,21 @@ def giou_backward(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
+      giou: f32[B, N].
+
+    Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
-    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou), sizes = rt.operands(
-        "giou_backward",
-        {
-            "ax1": (ax1, jnp.float32, ("B", "N")),
-            "ay1": (ay1, jnp.float32, ("B", "N")),
-            "ax2": (ax2, jnp.float32, ("B", "N")),
-            "ay2": (ay2, jnp.float32, ("B", "N")),
-            "bx1": (bx1, jnp.float32, ("B", "N")),
-            "by1": (by1, jnp.float32, ("B", "N")),
-            "bx2": (bx2, jnp.float32, ("B", "N")),
-            "by2": (by2, jnp.float32, ("B", "N")),
-            "dgiou": (dgiou, jnp.float32, ("B", "N")),
-        },
-    )
-    rt.check_blocks(
-        "giou_backward",
-        block_b=block_b,
-        block_n=block_n,
-        gpu_block_b=gpu_block_b,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    b, n = sizes["B"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "giou_backward",
-            sizes,
-            giou_backward_reference,
-            (
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-                ((b, n), jnp.float32),
-            ),
-            ax1,
-            ay1,
-            ax2,
-            ay2,
-            bx1,
-            by1,
-            bx2,
-            by2,
-            dgiou,
-            eps=eps,
-        )
-    return rt.on_platform(
-        "giou_backward",
-        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou),
-        tpu=functools.partial(
-            _giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
-        ),
-        triton=functools.partial(
-            _giou_backward_gpu,
-            b=b,
-            n=n,
-            block_b=gpu_block_b,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def giou_backward_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
-    """`giou_backward` in plain jax.numpy, to test the kernel against."""
-    area_a_1 = ax2 - ax1
-    area_a_2 = ay2 - ay1
-    area_a = area_a_1 * area_a_2
-    area_b_1 = bx2 - bx1
-    area_b_2 = by2 - by1
-    area_b = area_b_1 * area_b_2
-    inter_w_1 = jnp.minimum(ax2, bx2)
-    inter_w_2 = jnp.maximum(ax1, bx1)
-    inter_w_3 = inter_w_1 - inter_w_2
-    inter_w = jnp.maximum(inter_w_3, 0.0)
-    inter_h_1 = jnp.minimum(ay2, by2)
-    inter_h_2 = jnp.maximum(ay1, by1)
-    inter_h_3 = inter_h_1 - inter_h_2
-    inter_h = jnp.maximum(inter_h_3, 0.0)
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
+    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
+    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull_1 = jnp.maximum(ax2, bx2)
-    hull_2 = jnp.minimum(ax1, bx1)
-    hull_3 = hull_1 - hull_2
-    hull_4 = jnp.maximum(ay2, by2)
-    hull_5 = jnp.minimum(ay1, by1)
-    hull_6 = hull_4 - hull_5
-    hull = hull_3 * hull_6
-    giou_1 = union + eps
-    giou_2 = hull - union
-    giou_3 = hull + eps
-    dgiou_1 = -dgiou
-    dgiou_2 = dgiou_1 / giou_3
-    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_6
-    dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_3
-    dhull_4 = -dhull_3
-    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
-    dinter = dgiou / giou_1 + -dunion
-    dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(
-        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
+        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
     )
-    dinter_h_2 = -dinter_h_1
-    dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(
-        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
-    )
-    dinter_w_2 = -dinter_w_1
-    darea_b_1 = dunion * area_b_2
-    darea_b_2 = dunion * area_b_1
-    darea_a_1 = dunion * area_a_2
-    darea_a_2 = dunion * area_a_1
-    dax1 = (
-        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_a_1
-    )
-    day1 = (
-        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_a_2
-    )
-    dax2 = (
-        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_a_1
-    )
-    day2 = (
-        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_a_2
-    )
-    dbx1 = (
-        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_b_1
-    )
-    dby1 = (
-        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_b_2
-    )
-    dbx2 = (
-        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_b_1
-    )
-    dby2 = (
-        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_b_2
-    )
-    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
+    giou = inter / (union + eps) - (hull - union) / (hull + eps)
+    return giou
 
 
 def _giou_backward_kernel(
@@ -1568,3 +1246,148 @@ def _giou_backward_mosaic_gpu(
         dbx2[:b, :n],
         dby2[:b, :n],
     )
+
+
+@rt.kernel(
+    inputs={
+        "ax1": (jnp.float32, ("B", "N")),
+        "ay1": (jnp.float32, ("B", "N")),
+        "ax2": (jnp.float32, ("B", "N")),
+        "ay2": (jnp.float32, ("B", "N")),
+        "bx1": (jnp.float32, ("B", "N")),
+        "by1": (jnp.float32, ("B", "N")),
+        "bx2": (jnp.float32, ("B", "N")),
+        "by2": (jnp.float32, ("B", "N")),
+        "dgiou": (jnp.float32, ("B", "N")),
+    },
+    outputs={
+        "dax1": (jnp.float32, ("B", "N")),
+        "day1": (jnp.float32, ("B", "N")),
+        "dax2": (jnp.float32, ("B", "N")),
+        "day2": (jnp.float32, ("B", "N")),
+        "dbx1": (jnp.float32, ("B", "N")),
+        "dby1": (jnp.float32, ("B", "N")),
+        "dbx2": (jnp.float32, ("B", "N")),
+        "dby2": (jnp.float32, ("B", "N")),
+    },
+    sizes={"B": "b", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_giou_backward_tpu,
+    triton=_giou_backward_gpu,
+    mosaic_gpu=_giou_backward_mosaic_gpu,
+)
+def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
+    """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
+    of its inputs from dgiou, those of its outputs.
+
+    Args:
+      ax1: f32[B, N].
+      ay1: f32[B, N].
+      ax2: f32[B, N].
+      ay2: f32[B, N].
+      bx1: f32[B, N].
+      by1: f32[B, N].
+      bx2: f32[B, N].
+      by2: f32[B, N].
+      dgiou: f32[B, N].
+      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 256, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      eps: a static f32 (default 1e-07).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
+    """
+    area_a_1 = ax2 - ax1
+    area_a_2 = ay2 - ay1
+    area_a = area_a_1 * area_a_2
+    area_b_1 = bx2 - bx1
+    area_b_2 = by2 - by1
+    area_b = area_b_1 * area_b_2
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
+    giou_1 = union + eps
+    giou_2 = hull - union
+    giou_3 = hull + eps
+    dgiou_1 = -dgiou
+    dgiou_2 = dgiou_1 / giou_3
+    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
+    dhull_1 = dhull * hull_6
+    dhull_2 = -dhull_1
+    dhull_3 = dhull * hull_3
+    dhull_4 = -dhull_3
+    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
+    dinter = dgiou / giou_1 + -dunion
+    dinter_h = dinter * inter_w
+    dinter_h_1 = jnp.where(
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+    )
+    dinter_h_2 = -dinter_h_1
+    dinter_w = dinter * inter_h
+    dinter_w_1 = jnp.where(
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+    )
+    dinter_w_2 = -dinter_w_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
+    dax1 = (
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_a_1
+    )
+    day1 = (
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_a_2
+    )
+    dax2 = (
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_a_1
+    )
+    day2 = (
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_a_2
+    )
+    dbx1 = (
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_b_1
+    )
+    dby1 = (
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_b_2
+    )
+    dbx2 = (
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_b_1
+    )
+    dby2 = (
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_b_2
+    )
+    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2

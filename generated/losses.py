@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/losses.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,579 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def cross_entropy(
-    logits,
-    label,
-    *,
-    block_m=None,
-    block_v=None,
-    gpu_block_m=None,
-    gpu_block_v=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Cross-entropy of each row's logits against its label, over a vocabulary too long
-    for one block: V is an arbitrary grid axis with running accumulators.
-
-    Args:
-      logits: bf16[M, V].
-      label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      loss: f32[M].
-
-    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
-    (_cross_entropy_vjp).
-    """
-    (logits, label), sizes = rt.operands(
-        "cross_entropy",
-        {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
-    )
-    rt.check_blocks(
-        "cross_entropy",
-        block_m=block_m,
-        block_v=block_v,
-        gpu_block_m=gpu_block_m,
-        gpu_block_v=gpu_block_v,
-        may_be_none=True,
-    )
-    m, v = sizes["M"], sizes["V"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "cross_entropy", sizes, cross_entropy_reference, (((m,), jnp.float32),), logits, label
-        )
-    return rt.differentiable(
-        functools.partial(
-            _cross_entropy_forward,
-            m=m,
-            v=v,
-            block_m=block_m,
-            block_v=block_v,
-            gpu_block_m=gpu_block_m,
-            gpu_block_v=gpu_block_v,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_cross_entropy_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        logits,
-        label,
-        saving=functools.partial(
-            _cross_entropy_saving,
-            m=m,
-            v=v,
-            block_m=block_m,
-            block_v=block_v,
-            gpu_block_m=gpu_block_m,
-            gpu_block_v=gpu_block_v,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def cross_entropy_reference(logits, label):
-    """`cross_entropy` in plain jax.numpy, to test the kernel against."""
-    m = logits.shape[0]
-    v = logits.shape[1]
-    label = label[:, None]
-    z = logits.astype(jnp.float32)
-    loss = jax.nn.logsumexp(z, axis=1, keepdims=True) - jnp.sum(
-        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
-        axis=1,
-        keepdims=True,
-        dtype=jnp.float32,
-    )
-    loss = loss.reshape((m,))
-    return loss
-
-
-def _cross_entropy_forward(
-    logits,
-    label,
-    *,
-    m,
-    v,
-    block_m,
-    block_v,
-    gpu_block_m,
-    gpu_block_v,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`cross_entropy` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    label = label.reshape(m, 1)  # label: i32[M], broadcast over V
-    loss = rt.on_platform(
-        "cross_entropy",
-        (logits, label),
-        tpu=functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        triton=functools.partial(
-            _cross_entropy_gpu,
-            m=m,
-            v=v,
-            block_m=gpu_block_m,
-            block_v=gpu_block_v,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return loss
-
-
-def _cross_entropy_saving(
-    logits,
-    label,
-    *,
-    m,
-    v,
-    block_m,
-    block_v,
-    gpu_block_m,
-    gpu_block_v,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`cross_entropy` forward under jax.grad, by cross_entropy_with_residuals: its outputs,
-    and what its backward kernels read (logits, label, logsumexp_v).
-    """
-    loss, logsumexp_v = cross_entropy_with_residuals(
-        logits,
-        label,
-        block_m=block_m,
-        block_v=block_v,
-        gpu_block_m=gpu_block_m,
-        gpu_block_v=gpu_block_v,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return loss, (logits, label, logsumexp_v)
-
-
-def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
-    (logits, label) and the residuals logsumexp_v (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (z) from
-    them. Integer and bool inputs (label) get None: float0 cotangents.
-    """
-    logits, label, logsumexp_v = saved
-    dloss = cotangents
-    dlogits = cross_entropy_backward(
-        logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dlogits, None
-
-
-def _cross_entropy_kernel(
-    logits_ref,
-    label_ref,
-    loss_ref,
-    logsumexp_v_max_ref,
-    logsumexp_v_sum_ref,
-    sum_v_running_ref,
-    *,
-    m,
-    v,
-    block_m,
-    block_v,
-):
-    step = pl.program_id(1)
-
-    @pl.when(step == 0)
-    def _init():
-        logsumexp_v_max_ref[...] = jnp.full(logsumexp_v_max_ref.shape, -jnp.inf, jnp.float32)
-        logsumexp_v_sum_ref[...] = jnp.full(logsumexp_v_sum_ref.shape, 0.0, jnp.float32)
-        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
-
-    logits = logits_ref[...]
-    label = label_ref[...]
-    z = logits.astype(jnp.float32)
-    logsumexp_v_block = z
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_v_block = rt.fill_past(logsumexp_v_block, step * block_v, v, 1, -jnp.inf)
-    logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...] = rt.logsumexp_step(
-        logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
-    )
-    sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
-        z,
-        0,
-    )
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
-    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
-
-    @pl.when(step == pl.num_programs(1) - 1)
-    def _finish():
-        logsumexp_v = rt.logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
-        sum_v = sum_v_running_ref[...]
-        loss_ref[...] = logsumexp_v - sum_v
-
-
-# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_cross_entropy_tpu_blocks = {
-    None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048)},
-    "v6e": {"default": (16, 2048)},
-}
-
-
-def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m, v),
-            step=lambda block_m, block_v: (
-                block_m * block_v,
-                16 * block_m * block_v + 16 * block_m,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_v = min(block_v, v)  # a small V is one whole block
-    rt.check_tiling(
-        "cross_entropy",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # loss 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
-    # block 128.0 KiB + let z 128.0 KiB.
-    return pl.pallas_call(
-        functools.partial(_cross_entropy_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps
-        # along V accumulate in order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
-        in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-        ],
-        # loss: f32[M], broadcast over V
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
-        scratch_shapes=[
-            # logsumexp_v_max_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # logsumexp_v_sum_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_running_ref: the running sum over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
-            transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + m * v * 4,
-        ),
-        interpret=interpret,
-        name="cross_entropy",
-    )(logits, label)
-
-
-def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m, block_v):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    inside = rt.mask((block_m, 1), in_m, None)
-    label = rt.load(label_ref, inside)
-
-    def accumulate(index, running):
-        logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
-        start = index * block_v
-        in_v = rt.inside(start, block_v, v)
-        logits = rt.load(
-            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
-        )
-        z = logits.astype(jnp.float32)
-        logsumexp_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
-        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(
-            logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1
-        )
-        sum_v_block = jnp.where(
-            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-        )
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
-        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
-        return logsumexp_v_max, logsumexp_v_sum, sum_v_running
-
-    logsumexp_v_max, logsumexp_v_sum, sum_v_running = jax.lax.fori_loop(
-        0,
-        pl.cdiv(v, block_v),
-        accumulate,
-        (
-            jnp.full((block_m, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_m, 1), 0.0, jnp.float32),
-            jnp.full((block_m, 1), 0.0, jnp.float32),
-        ),
-    )
-    logsumexp_v = rt.logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
-    sum_v = sum_v_running
-    rt.store(loss_ref, logsumexp_v - sum_v, inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
-
-
-def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = rt.gpu_options(
-        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
-    return pl.pallas_call(
-        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself,
-        # accumulating in order.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # logits: bf16[M, V]
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
-            # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        ],
-        # loss: f32[M], broadcast over V
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="cross_entropy",
-    )(logits, label)
-
-
-def _cross_entropy_mosaic_gpu_kernel(
-    logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
-):
-    program_m = jax.lax.axis_index("M")
-    plgpu.copy_gmem_to_smem(
-        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    label = rt.mgpu_load_vector(label_smem, 0)
-
-    def reduce_1(indices, logits_smem, carry):
-        logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
-        start = indices[0] * block_v
-        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
-        z = logits.astype(jnp.float32)
-        logsumexp_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end
-            logsumexp_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
-            )
-        logsumexp_v_running, logsumexp_v_index = rt.mgpu_logsumexp_step(
-            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
-        )
-        sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1)
-            == rt.mgpu_spread(label, (block_m, block_v), 0),
-            z,
-            0,
-        )
-        if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
-            )
-        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
-        return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
-
-    logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_v),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
-    )(logits_ref)
-    logsumexp_v = rt.logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
-    sum_v = sum_v_running
-    loss = logsumexp_v - sum_v
-    loss_smem[...] = loss
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_v = 128
-    padded_m = m + -m % block_m
-    padded_v = v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = label.reshape((m,))
-    label = rt.mgpu_pad(label, (padded_m,))
-    (loss,) = plgpu.kernel(
-        functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
-        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_m,), jnp.int32),
-            plgpu.SMEM((block_m,), jnp.float32),
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(logits, label)
-    return loss[:m].reshape((m, 1))
-
-
-@rt.jit_with_static_keywords
-def cross_entropy_with_residuals(
-    logits,
-    label,
-    *,
-    block_m=None,
-    block_v=None,
-    gpu_block_m=None,
-    gpu_block_v=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """`cross_entropy` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (logsumexp_v).
-
-    Args:
-      logits: bf16[M, V].
-      label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      loss: f32[M]; logsumexp_v: f32[M].
-    """
-    (logits, label), sizes = rt.operands(
-        "cross_entropy_with_residuals",
-        {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
-    )
-    rt.check_blocks(
-        "cross_entropy_with_residuals",
-        block_m=block_m,
-        block_v=block_v,
-        gpu_block_m=gpu_block_m,
-        gpu_block_v=gpu_block_v,
-        may_be_none=True,
-    )
-    m, v = sizes["M"], sizes["V"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "cross_entropy_with_residuals",
-            sizes,
-            cross_entropy_with_residuals_reference,
-            (((m,), jnp.float32), ((m,), jnp.float32)),
-            logits,
-            label,
-        )
-    label = label.reshape(m, 1)  # label: i32[M], broadcast over V
-    loss, logsumexp_v = rt.on_platform(
-        "cross_entropy_with_residuals",
-        (logits, label),
-        tpu=functools.partial(
-            _cross_entropy_with_residuals_tpu, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
-        triton=functools.partial(
-            _cross_entropy_with_residuals_gpu,
-            m=m,
-            v=v,
-            block_m=gpu_block_m,
-            block_v=gpu_block_v,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    logsumexp_v = logsumexp_v.reshape(
-        (m,)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return loss, logsumexp_v
-
-
-def cross_entropy_with_residuals_reference(logits, label):
-    """`cross_entropy_with_residuals` in plain jax.numpy, to test the kernel against."""
-    m = logits.shape[0]
-    v = logits.shape[1]
-    label = label[:, None]
-    z = logits.astype(jnp.float32)
-    logsumexp_v = jax.nn.logsumexp(z, axis=1, keepdims=True)
-    loss = logsumexp_v - jnp.sum(
-        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
-        axis=1,
-        keepdims=True,
-        dtype=jnp.float32,
-    )
-    loss = loss.reshape((m,))
-    logsumexp_v = logsumexp_v.reshape((m,))
-    return loss, logsumexp_v
 
 
 def _cross_entropy_with_residuals_kernel(
@@ -941,105 +368,399 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
     return loss[:m].reshape((m, 1)), logsumexp_v[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def cross_entropy_backward(
-    logits,
-    label,
-    logsumexp_v,
-    dloss,
-    *,
-    block_m=None,
-    block_v=None,
-    gpu_block_m=None,
-    gpu_block_v=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
-    of its inputs from dloss, those of its outputs.
+@rt.kernel(
+    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
+    outputs={
+        "loss": (jnp.float32, ("M",), ("M", 1)),
+        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
+    },
+    sizes={"M": "m", "V": "v"},
+    tpu=_cross_entropy_with_residuals_tpu,
+    triton=_cross_entropy_with_residuals_gpu,
+    mosaic_gpu=_cross_entropy_with_residuals_mosaic_gpu,
+)
+def cross_entropy_with_residuals(logits, label):
+    """`cross_entropy` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (logsumexp_v).
 
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      logsumexp_v: f32[M].
-      dloss: f32[M].
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16, 2048.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dlogits: bf16[M, V].
+      loss: f32[M]; logsumexp_v: f32[M].
     """
-    (logits, label, logsumexp_v, dloss), sizes = rt.operands(
-        "cross_entropy_backward",
-        {
-            "logits": (logits, jnp.bfloat16, ("M", "V")),
-            "label": (label, jnp.int32, ("M",)),
-            "logsumexp_v": (logsumexp_v, jnp.float32, ("M",)),
-            "dloss": (dloss, jnp.float32, ("M",)),
-        },
-    )
-    rt.check_blocks(
-        "cross_entropy_backward",
-        block_m=block_m,
-        block_v=block_v,
-        gpu_block_m=gpu_block_m,
-        gpu_block_v=gpu_block_v,
-        may_be_none=True,
-    )
-    m, v = sizes["M"], sizes["V"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "cross_entropy_backward",
-            sizes,
-            cross_entropy_backward_reference,
-            (((m, v), jnp.bfloat16),),
-            logits,
-            label,
-            logsumexp_v,
-            dloss,
-        )
-    label = label.reshape(m, 1)  # label: i32[M], broadcast over V
-    logsumexp_v = logsumexp_v.reshape(m, 1)  # logsumexp_v: f32[M], broadcast over V
-    dloss = dloss.reshape(m, 1)  # dloss: f32[M], broadcast over V
-    return rt.on_platform(
-        "cross_entropy_backward",
-        (logits, label, logsumexp_v, dloss),
-        tpu=functools.partial(
-            _cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v
-        ),
-        triton=functools.partial(
-            _cross_entropy_backward_gpu,
-            m=m,
-            v=v,
-            block_m=gpu_block_m,
-            block_v=gpu_block_v,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def cross_entropy_backward_reference(logits, label, logsumexp_v, dloss):
-    """`cross_entropy_backward` in plain jax.numpy, to test the kernel against."""
     m = logits.shape[0]
     v = logits.shape[1]
     label = label[:, None]
-    logsumexp_v = logsumexp_v[:, None]
-    dloss = dloss[:, None]
     z = logits.astype(jnp.float32)
-    loss_1 = jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label
-    dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
-    dlogits = dz.astype(jnp.bfloat16)
-    return dlogits
+    logsumexp_v = jax.nn.logsumexp(z, axis=1, keepdims=True)
+    loss = logsumexp_v - jnp.sum(
+        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
+        axis=1,
+        keepdims=True,
+        dtype=jnp.float32,
+    )
+    loss = loss.reshape((m,))
+    logsumexp_v = logsumexp_v.reshape((m,))
+    return loss, logsumexp_v
+
+
+def _cross_entropy_kernel(
+    logits_ref,
+    label_ref,
+    loss_ref,
+    logsumexp_v_max_ref,
+    logsumexp_v_sum_ref,
+    sum_v_running_ref,
+    *,
+    m,
+    v,
+    block_m,
+    block_v,
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        logsumexp_v_max_ref[...] = jnp.full(logsumexp_v_max_ref.shape, -jnp.inf, jnp.float32)
+        logsumexp_v_sum_ref[...] = jnp.full(logsumexp_v_sum_ref.shape, 0.0, jnp.float32)
+        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
+
+    logits = logits_ref[...]
+    label = label_ref[...]
+    z = logits.astype(jnp.float32)
+    logsumexp_v_block = z
+    if v % block_v:  # a ragged V: its identity past the end, never padding
+        logsumexp_v_block = rt.fill_past(logsumexp_v_block, step * block_v, v, 1, -jnp.inf)
+    logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...] = rt.logsumexp_step(
+        logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
+    )
+    sum_v_block = jnp.where(
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
+        z,
+        0,
+    )
+    if v % block_v:  # a ragged V: its identity past the end, never padding
+        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
+    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        logsumexp_v = rt.logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
+        sum_v = sum_v_running_ref[...]
+        loss_ref[...] = logsumexp_v - sum_v
+
+
+# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_cross_entropy_tpu_blocks = {
+    None: {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048)},
+    "v6e": {"default": (16, 2048)},
+}
+
+
+def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
+    """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_v = rt.tpu_blocks(
+        _cross_entropy_tpu_blocks,
+        (m, v),
+        (block_m, block_v),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(m, v),
+            step=lambda block_m, block_v: (
+                block_m * block_v,
+                16 * block_m * block_v + 16 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_v = min(block_v, v)  # a small V is one whole block
+    rt.check_tiling(
+        "cross_entropy",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
+    # loss 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
+    # block 128.0 KiB + let z 128.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_cross_entropy_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps
+        # along V accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        # loss: f32[M], broadcast over V
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+        scratch_shapes=[
+            # logsumexp_v_max_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+            # logsumexp_v_sum_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+            # sum_v_running_ref: the running sum over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * v,
+            transcendentals=m * v,
+            bytes_accessed=rt.nbytes(logits, label) + m * v * 4,
+        ),
+        interpret=interpret,
+        name="cross_entropy",
+    )(logits, label)
+
+
+def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m, block_v):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    inside = rt.mask((block_m, 1), in_m, None)
+    label = rt.load(label_ref, inside)
+
+    def accumulate(index, running):
+        logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
+        start = index * block_v
+        in_v = rt.inside(start, block_v, v)
+        logits = rt.load(
+            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
+        )
+        z = logits.astype(jnp.float32)
+        logsumexp_v_block = z
+        if v % block_v:  # a ragged V: its identity past the end, never padding
+            logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
+        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(
+            logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1
+        )
+        sum_v_block = jnp.where(
+            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
+        )
+        if v % block_v:  # a ragged V: its identity past the end, never padding
+            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
+        return logsumexp_v_max, logsumexp_v_sum, sum_v_running
+
+    logsumexp_v_max, logsumexp_v_sum, sum_v_running = jax.lax.fori_loop(
+        0,
+        pl.cdiv(v, block_v),
+        accumulate,
+        (
+            jnp.full((block_m, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_m, 1), 0.0, jnp.float32),
+            jnp.full((block_m, 1), 0.0, jnp.float32),
+        ),
+    )
+    logsumexp_v = rt.logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
+    sum_v = sum_v_running
+    rt.store(loss_ref, logsumexp_v - sum_v, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
+
+
+def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
+    """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_v, num_warps, num_stages = rt.gpu_options(
+        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
+    return pl.pallas_call(
+        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
+        # One program per block of M; programs run concurrently. Each loops over V itself,
+        # accumulating in order.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # loss: f32[M], broadcast over V
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="cross_entropy",
+    )(logits, label)
+
+
+def _cross_entropy_mosaic_gpu_kernel(
+    logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    label = rt.mgpu_load_vector(label_smem, 0)
+
+    def reduce_1(indices, logits_smem, carry):
+        logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
+        start = indices[0] * block_v
+        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        z = logits.astype(jnp.float32)
+        logsumexp_v_block = z
+        if v % block_v:  # a ragged V: its identity past the end
+            logsumexp_v_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
+            )
+        logsumexp_v_running, logsumexp_v_index = rt.mgpu_logsumexp_step(
+            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
+        )
+        sum_v_block = jnp.where(
+            rt.mgpu_positions(start, (block_m, block_v), 1)
+            == rt.mgpu_spread(label, (block_m, block_v), 0),
+            z,
+            0,
+        )
+        if v % block_v:  # a ragged V: its identity past the end
+            sum_v_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+            )
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
+        return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
+
+    logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(logits_ref.shape[1] // block_v,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(logits_ref)
+    logsumexp_v = rt.logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
+    sum_v = sum_v_running
+    loss = logsumexp_v - sum_v
+    loss_smem[...] = loss
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_v = 128
+    padded_m = m + -m % block_m
+    padded_v = v + -v % block_v
+    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
+    label = label.reshape((m,))
+    label = rt.mgpu_pad(label, (padded_m,))
+    (loss,) = plgpu.kernel(
+        functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(logits, label)
+    return loss[:m].reshape((m, 1))
+
+
+def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
+    (logits, label) and the residuals logsumexp_v (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (z) from
+    them. Integer and bool inputs (label) get None: float0 cotangents.
+    """
+    logits, label, logsumexp_v = saved
+    dloss = cotangents
+    dlogits = cross_entropy_backward(
+        logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dlogits, None
+
+
+@rt.kernel(
+    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
+    outputs={"loss": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "V": "v"},
+    tpu=_cross_entropy_tpu,
+    triton=_cross_entropy_gpu,
+    mosaic_gpu=_cross_entropy_mosaic_gpu,
+    vjp=_cross_entropy_vjp,
+    saves=("logits", "label", "logsumexp_v"),
+    residuals=cross_entropy_with_residuals,
+)
+def cross_entropy(logits, label):
+    """Cross-entropy of each row's logits against its label, over a vocabulary too long
+    for one block: V is an arbitrary grid axis with running accumulators.
+
+    Args:
+      logits: bf16[M, V].
+      label: i32[M].
+      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
+        grown to large steps (rt.grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      loss: f32[M].
+
+    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
+    (_cross_entropy_vjp).
+    """
+    m = logits.shape[0]
+    v = logits.shape[1]
+    label = label[:, None]
+    z = logits.astype(jnp.float32)
+    loss = jax.nn.logsumexp(z, axis=1, keepdims=True) - jnp.sum(
+        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
+        axis=1,
+        keepdims=True,
+        dtype=jnp.float32,
+    )
+    loss = loss.reshape((m,))
+    return loss
 
 
 def _cross_entropy_backward_kernel(
@@ -1261,3 +982,47 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
         interpret=interpret,
     )(logits, label, logsumexp_v, dloss)
     return dlogits[:m, :v]
+
+
+@rt.kernel(
+    inputs={
+        "logits": (jnp.bfloat16, ("M", "V")),
+        "label": (jnp.int32, ("M",), ("M", 1)),
+        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
+        "dloss": (jnp.float32, ("M",), ("M", 1)),
+    },
+    outputs={"dlogits": (jnp.bfloat16, ("M", "V"))},
+    sizes={"M": "m", "V": "v"},
+    tpu=_cross_entropy_backward_tpu,
+    triton=_cross_entropy_backward_gpu,
+    mosaic_gpu=_cross_entropy_backward_mosaic_gpu,
+)
+def cross_entropy_backward(logits, label, logsumexp_v, dloss):
+    """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
+    of its inputs from dloss, those of its outputs.
+
+    Args:
+      logits: bf16[M, V].
+      label: i32[M].
+      logsumexp_v: f32[M].
+      dloss: f32[M].
+      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dlogits: bf16[M, V].
+    """
+    m = logits.shape[0]
+    v = logits.shape[1]
+    label = label[:, None]
+    logsumexp_v = logsumexp_v[:, None]
+    dloss = dloss[:, None]
+    z = logits.astype(jnp.float32)
+    loss_1 = jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label
+    dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+    dlogits = dz.astype(jnp.bfloat16)
+    return dlogits

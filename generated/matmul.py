@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/matmul.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,165 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def matmul(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
-
-    Args:
-      x: f32[M, K].
-      y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      z: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
-    matmul_backward_y (_matmul_vjp).
-    """
-    (x, y), sizes = rt.operands(
-        "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
-    )
-    rt.check_blocks(
-        "matmul",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul", sizes, matmul_reference, (((m, n), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _matmul_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-        functools.partial(_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def matmul_reference(x, y):
-    """`matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = acc
-    return z
-
-
-def _matmul_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "matmul",
-        (x, y),
-        tpu=functools.partial(
-            _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
-        triton=functools.partial(
-            _matmul_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
-    its inputs (x, y) and nothing else: the backward kernels recompute the values they need
-    from them.
-    """
-    x, y = saved
-    dz = cotangents
-    dx = matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = matmul_backward_y(x, dz, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
 
 
 def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -415,34 +256,36 @@ def _matmul_mosaic_gpu(
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def matmul_backward_x(
-    dz,
-    y,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `matmul`, generated from its spec: the cotangent dx of
-    its input x, from dz, the cotangent of its product.
+def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
+    its inputs (x, y) and nothing else: the backward kernels recompute the values they need
+    from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dx = matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_backward_y(x, dz, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
+    outputs={"z": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_tpu,
+    triton=_matmul_gpu,
+    mosaic_gpu=_matmul_mosaic_gpu,
+    vjp=_matmul_vjp,
+)
+def matmul(x, y):
+    """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
 
     Args:
-      dz: f32[M, N].
+      x: f32[M, K].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -450,64 +293,14 @@ def matmul_backward_x(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, K].
+      z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
+    matmul_backward_y (_matmul_vjp).
     """
-    (dz, y), sizes = rt.operands(
-        "matmul_backward_x",
-        {"dz": (dz, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
-    )
-    rt.check_blocks(
-        "matmul_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_backward_x", sizes, matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y
-        )
-    return rt.on_platform(
-        "matmul_backward_x",
-        (dz, y),
-        tpu=functools.partial(
-            _matmul_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
-        ),
-        triton=functools.partial(
-            _matmul_backward_x_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_backward_x_mosaic_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=mgpu_block_m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_backward_x_reference(dz, y):
-    """`matmul_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
-    dx = acc
-    return dx
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
 
 
 def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
@@ -767,99 +560,35 @@ def _matmul_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@rt.jit_with_static_keywords
-def matmul_backward_y(
-    x,
-    dz,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_block_m=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `matmul`, generated from its spec: the cotangent dy of
-    its input y, from dz, the cotangent of its product.
+@rt.kernel(
+    inputs={"dz": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("K", "N"))},
+    outputs={"dx": (jnp.float32, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_matmul_backward_x_tpu,
+    triton=_matmul_backward_x_gpu,
+    mosaic_gpu=_matmul_backward_x_mosaic_gpu,
+)
+def matmul_backward_x(dz, y):
+    """The backward pass of `matmul`, generated from its spec: the cotangent dx of
+    its input x, from dz, the cotangent of its product.
 
     Args:
-      x: f32[M, K].
       dz: f32[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
-        else 1024, 1024, 512.
+      y: f32[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dy: f32[K, N].
+      dx: f32[M, K].
     """
-    (x, dz), sizes = rt.operands(
-        "matmul_backward_y",
-        {"x": (x, jnp.float32, ("M", "K")), "dz": (dz, jnp.float32, ("M", "N"))},
-    )
-    rt.check_blocks(
-        "matmul_backward_y",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    k, n, m = sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_backward_y", sizes, matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz
-        )
-    return rt.on_platform(
-        "matmul_backward_y",
-        (x, dz),
-        tpu=functools.partial(
-            _matmul_backward_y_tpu, k=k, n=n, m=m, block_k=block_k, block_n=block_n, block_m=block_m
-        ),
-        triton=functools.partial(
-            _matmul_backward_y_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_backward_y_mosaic_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            block_m=mgpu_block_m,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_backward_y_reference(x, dz):
-    """`matmul_backward_y` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
-    dy = acc
-    return dy
+    acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
+    dx = acc
+    return dx
 
 
 def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
@@ -1116,580 +845,35 @@ def _matmul_backward_y_mosaic_gpu(
     return dy[:k, :n]
 
 
-@rt.jit_with_static_keywords
-def matmul_relu(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The quickstart's matmul with a fused activation.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "K")), "dz": (jnp.float32, ("M", "N"))},
+    outputs={"dy": (jnp.float32, ("K", "N"))},
+    sizes={"K": "k", "N": "n", "M": "m"},
+    tpu=_matmul_backward_y_tpu,
+    triton=_matmul_backward_y_gpu,
+    mosaic_gpu=_matmul_backward_y_mosaic_gpu,
+)
+def matmul_backward_y(x, dz):
+    """The backward pass of `matmul`, generated from its spec: the cotangent dy of
+    its input y, from dz, the cotangent of its product.
 
     Args:
       x: f32[M, K].
-      y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
-        else 256, 512, 512.
+      dz: f32[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
+        else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
-    matmul_relu_backward_y (_matmul_relu_vjp).
+      dy: f32[K, N].
     """
-    (x, y), sizes = rt.operands(
-        "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
-    )
-    rt.check_blocks(
-        "matmul_relu",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_relu", sizes, matmul_relu_reference, (((m, n), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _matmul_relu_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-        functools.partial(_matmul_relu_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-        saving=functools.partial(
-            _matmul_relu_saving,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-    )
-
-
-def matmul_relu_reference(x, y):
-    """`matmul_relu` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.relu(acc)
-    return z
-
-
-def _matmul_relu_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "matmul_relu",
-        (x, y),
-        tpu=functools.partial(
-            _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
-        triton=functools.partial(
-            _matmul_relu_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_relu_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _matmul_relu_saving(
-    x,
-    y,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul_relu` forward under jax.grad, by matmul_relu_with_residuals: its outputs, and
-    what its backward kernels read (x, y, acc).
-    """
-    z, acc = matmul_relu_with_residuals(
-        x,
-        y,
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        mgpu_block_m=mgpu_block_m,
-        mgpu_block_n=mgpu_block_n,
-        mgpu_block_k=mgpu_block_k,
-        mgpu_stages=mgpu_stages,
-        interpret=interpret,
-    )
-    return z, (x, y, acc)
-
-
-def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward
-    pass saves its inputs (x, y) and the residuals acc (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
-    """
-    x, y, acc = saved
-    dz = cotangents
-    dx = matmul_relu_backward_x(acc, dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = matmul_relu_backward_y(acc, dz, x, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
-
-
-def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = jax.nn.relu(acc)
-
-
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_relu_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
-    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-}
-
-
-def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_relu",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
-    return pl.pallas_call(
-        functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
-        in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: f32[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
-        ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
-            ),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + m * n * 4,
-        ),
-        interpret=interpret,
-        name="matmul_relu",
-    )(x, y)
-
-
-def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    rt.store(z_ref, jax.nn.relu(acc), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
-def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
-    )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: f32[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: f32[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-        ],
-        # z: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_relu",
-    )(x, y)
-
-
-def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_k,),
-            in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_k),
-                    lambda s: (program_n, s),
-                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
-                ),
-            ],
-            max_concurrent_steps=stages,
-        )(x_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = jnp.maximum(acc, 0)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
-    )
-    plgpu.wait_smem_to_gmem(0)
-
-
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_relu_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
-    rt.mgpu_check_choices(
-        "matmul_relu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (8, 16, 32)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
-    )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_n, padded_k))
-    (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(x, y)
-    return z[:m, :n]
-
-
-@rt.jit_with_static_keywords
-def matmul_relu_with_residuals(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (acc).
-
-    Args:
-      x: f32[M, K].
-      y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      z: f32[M, N]; acc: f32[M, N].
-    """
-    (x, y), sizes = rt.operands(
-        "matmul_relu_with_residuals",
-        {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))},
-    )
-    rt.check_blocks(
-        "matmul_relu_with_residuals",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_relu_with_residuals",
-            sizes,
-            matmul_relu_with_residuals_reference,
-            (((m, n), jnp.float32), ((m, n), jnp.float32)),
-            x,
-            y,
-        )
-    return rt.on_platform(
-        "matmul_relu_with_residuals",
-        (x, y),
-        tpu=functools.partial(
-            _matmul_relu_with_residuals_tpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
-        triton=functools.partial(
-            _matmul_relu_with_residuals_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_relu_with_residuals_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_relu_with_residuals_reference(x, y):
-    """`matmul_relu_with_residuals` in plain jax.numpy, to test the kernel against."""
-    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = product
-    z = jax.nn.relu(acc)
-    return z, acc
+    acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
+    dy = acc
+    return dy
 
 
 def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref, *, k, block_k):
@@ -1983,118 +1167,329 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def matmul_relu_backward_x(
-    acc,
-    dz,
-    y,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
+    outputs={"z": (jnp.float32, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_relu_with_residuals_tpu,
+    triton=_matmul_relu_with_residuals_gpu,
+    mosaic_gpu=_matmul_relu_with_residuals_mosaic_gpu,
+)
+def matmul_relu_with_residuals(x, y):
+    """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (acc).
 
     Args:
-      acc: f32[M, N].
-      dz: f32[M, N].
+      x: f32[M, K].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512, 512.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
+        else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, K].
+      z: f32[M, N]; acc: f32[M, N].
     """
-    (acc, dz, y), sizes = rt.operands(
-        "matmul_relu_backward_x",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "dz": (dz, jnp.float32, ("M", "N")),
-            "y": (y, jnp.float32, ("K", "N")),
-        },
+    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = product
+    z = jax.nn.relu(acc)
+    return z, acc
+
+
+def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        z_ref[...] = jax.nn.relu(acc)
+
+
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_relu_tpu_blocks = {
+    None: {"default": (256, 512, 512)},
+    "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+}
+
+
+def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = rt.tpu_blocks(
+        _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    rt.check_blocks(
-        "matmul_relu_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    rt.check_tiling(
+        "matmul_relu",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_relu_backward_x",
-            sizes,
-            matmul_relu_backward_x_reference,
-            (((m, k), jnp.float32),),
-            acc,
-            dz,
-            y,
-        )
-    return rt.on_platform(
-        "matmul_relu_backward_x",
-        (acc, dz, y),
-        tpu=functools.partial(
-            _matmul_relu_backward_x_tpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
+    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
+            # y: f32[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+        ],
+        # z: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        # acc_ref: the f32 sum over K of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(
+                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
+            ),
         ),
-        triton=functools.partial(
-            _matmul_relu_backward_x_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n * k + m * n,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + m * n * 4,
         ),
-        mosaic_gpu=functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
-        gpu_backend=gpu_backend,
         interpret=interpret,
+        name="matmul_relu",
+    )(x, y)
+
+
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_k
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    rt.store(z_ref, jax.nn.relu(acc), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
+    """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
-
-
-def matmul_relu_backward_x_reference(acc, dz, y):
-    """`matmul_relu_backward_x` in plain jax.numpy, to test the kernel against."""
-    m = acc.shape[0]
-    k = y.shape[0]
-    n = acc.shape[1]
-    acc = acc[:, None, :]
-    dz = dz[:, None, :]
-    y = y[None, :, :]
-    dacc = jnp.where(acc > 0, dz, 0)
-    dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_relu_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
         ),
-        (2,),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: f32[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        ],
+        # z: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_relu",
+    )(x, y)
+
+
+def _matmul_relu_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=stages,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = jnp.maximum(acc, 0)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
     )
-    dx = dx.reshape((m, k))
-    return dx
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
+    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m, block_n, block_k, stages = rt.gpu_options(
+        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    rt.mgpu_check_choices(
+        "matmul_relu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
+def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward
+    pass saves its inputs (x, y) and the residuals acc (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
+    """
+    x, y, acc = saved
+    dz = cotangents
+    dx = matmul_relu_backward_x(acc, dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_relu_backward_y(acc, dz, x, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
+    outputs={"z": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_relu_tpu,
+    triton=_matmul_relu_gpu,
+    mosaic_gpu=_matmul_relu_mosaic_gpu,
+    vjp=_matmul_relu_vjp,
+    saves=("x", "y", "acc"),
+    residuals=matmul_relu_with_residuals,
+)
+def matmul_relu(x, y):
+    """The quickstart's matmul with a fused activation.
+
+    Args:
+      x: f32[M, K].
+      y: f32[K, N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
+        else 256, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
+    matmul_relu_backward_y (_matmul_relu_vjp).
+    """
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.relu(acc)
+    return z
 
 
 def _matmul_relu_backward_x_kernel(
@@ -2471,118 +1866,54 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     return dx.reshape((m, k))
 
 
-@rt.jit_with_static_keywords
-def matmul_relu_backward_y(
-    acc,
-    dz,
-    x,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
+@rt.kernel(
+    inputs={
+        "acc": (jnp.float32, ("M", "N")),
+        "dz": (jnp.float32, ("M", "N")),
+        "y": (jnp.float32, ("K", "N")),
+    },
+    outputs={"dx": (jnp.float32, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_matmul_relu_backward_x_tpu,
+    triton=_matmul_relu_backward_x_gpu,
+    mosaic_gpu=_matmul_relu_backward_x_mosaic_gpu,
+)
+def matmul_relu_backward_x(acc, dz, y):
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
       acc: f32[M, N].
       dz: f32[M, N].
-      x: f32[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 512, 256.
+      y: f32[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
+        (rt.grown), else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dy: f32[K, N].
+      dx: f32[M, K].
     """
-    (acc, dz, x), sizes = rt.operands(
-        "matmul_relu_backward_y",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "dz": (dz, jnp.float32, ("M", "N")),
-            "x": (x, jnp.float32, ("M", "K")),
-        },
-    )
-    rt.check_blocks(
-        "matmul_relu_backward_y",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    k, n, m = sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_relu_backward_y",
-            sizes,
-            matmul_relu_backward_y_reference,
-            (((k, n), jnp.float32),),
-            acc,
-            dz,
-            x,
-        )
-    return rt.on_platform(
-        "matmul_relu_backward_y",
-        (acc, dz, x),
-        tpu=functools.partial(
-            _matmul_relu_backward_y_tpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        triton=functools.partial(
-            _matmul_relu_backward_y_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def matmul_relu_backward_y_reference(acc, dz, x):
-    """`matmul_relu_backward_y` in plain jax.numpy, to test the kernel against."""
-    k = x.shape[1]
-    n = acc.shape[1]
     m = acc.shape[0]
-    acc = jnp.transpose(acc, (1, 0))[None, :, :]
-    dz = jnp.transpose(dz, (1, 0))[None, :, :]
-    x = jnp.transpose(x, (1, 0))[:, None, :]
+    k = y.shape[0]
+    n = acc.shape[1]
+    acc = acc[:, None, :]
+    dz = dz[:, None, :]
+    y = y[None, :, :]
     dacc = jnp.where(acc > 0, dz, 0)
-    dy = jnp.expand_dims(
+    dx = jnp.expand_dims(
         jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
+            "mn,kn->mk",
+            jnp.squeeze(dacc, (1,)),
+            jnp.squeeze(y, (0,)),
             preferred_element_type=jnp.float32,
         ),
         (2,),
     )
-    dy = dy.reshape((k, n))
-    return dy
+    dx = dx.reshape((m, k))
+    return dx
 
 
 def _matmul_relu_backward_y_kernel(
@@ -2961,657 +2292,54 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     return dy.reshape((k, n))
 
 
-@rt.jit_with_static_keywords
-def matmul_bias_gelu(
-    x,
-    y,
-    bias,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
-
-    Args:
-      x: bf16[M, K].
-      y: bf16[K, N].
-      bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      z: bf16[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
-    matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
-    """
-    (x, y, bias), sizes = rt.operands(
-        "matmul_bias_gelu",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "y": (y, jnp.bfloat16, ("K", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-        },
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_bias_gelu",
-            sizes,
-            matmul_bias_gelu_reference,
-            (((m, n), jnp.bfloat16),),
-            x,
-            y,
-            bias,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _matmul_bias_gelu_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-        functools.partial(_matmul_bias_gelu_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-        bias,
-        saving=functools.partial(
-            _matmul_bias_gelu_saving,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-    )
-
-
-def matmul_bias_gelu_reference(x, y, bias):
-    """`matmul_bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-    return z
-
-
-def _matmul_bias_gelu_forward(
-    x,
-    y,
-    bias,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return rt.on_platform(
-        "matmul_bias_gelu",
-        (x, y, bias),
-        tpu=functools.partial(
-            _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
-        triton=functools.partial(
-            _matmul_bias_gelu_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_bias_gelu_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _matmul_bias_gelu_saving(
-    x,
-    y,
-    bias,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul_bias_gelu` forward under jax.grad, by matmul_bias_gelu_with_residuals: its
-    outputs, and what its backward kernels read (x, y, bias, acc).
-    """
-    z, acc = matmul_bias_gelu_with_residuals(
-        x,
-        y,
-        bias,
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        mgpu_block_m=mgpu_block_m,
-        mgpu_block_n=mgpu_block_n,
-        mgpu_block_k=mgpu_block_k,
-        mgpu_stages=mgpu_stages,
-        interpret=interpret,
-    )
-    return z, (x, y, bias, acc)
-
-
-def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels matmul_bias_gelu_backward_x,
-    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
-    residuals acc (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need from them.
-    """
-    x, y, bias, acc = saved
-    dz = cotangents
-    dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy, dbias = matmul_bias_gelu_backward_y(
-        acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dx, dy, dbias
-
-
-def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        bias = bias_ref[...]
-        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-
-
-# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_bias_gelu_tpu_blocks = {
-    None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    "v6e": {
-        "default": (1024, 1024, 1024),
-        (4096, 4096, 4096): (1024, 1024, 4096),
-        (8192, 8192, 8192): (1024, 1024, 1024),
+@rt.kernel(
+    inputs={
+        "acc": (jnp.float32, ("M", "N")),
+        "dz": (jnp.float32, ("M", "N")),
+        "x": (jnp.float32, ("M", "K")),
     },
-}
-
-
-def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_bias_gelu",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
-    return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
-        in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
-            # y: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
-        ],
-        # z: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
-            ),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2,
-        ),
-        interpret=interpret,
-        name="matmul_bias_gelu",
-    )(x, y, bias)
-
-
-def _matmul_bias_gelu_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(
-            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
-        )
-        y = rt.load(
-            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
-        )
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
-    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
-def _matmul_bias_gelu_gpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
-    """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
-        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
-    )
-    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
-    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
-    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_gpu_kernel,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # y: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-        ],
-        # z: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_bias_gelu",
-    )(x, y, bias)
-
-
-def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
-):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref, x_smem, y_smem)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_k,),
-            in_specs=[
-                plgpu.BlockSpec(
-                    (block_m, block_k),
-                    lambda s: (program_m, s),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
-                ),
-                plgpu.BlockSpec(
-                    (block_k, block_n),
-                    lambda s: (s, program_n),
-                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-            ],
-            max_concurrent_steps=stages,
-        )(x_ref, y_ref)
-        plgpu.copy_gmem_to_smem(
-            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-        )
-        plgpu.barrier_wait(barrier.at[0])
-        acc = acc_ref[...]
-        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
-    )
-    plgpu.wait_smem_to_gmem(0)
-
-
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
-# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _matmul_bias_gelu_mosaic_gpu(
-    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
-    rt.mgpu_check_choices(
-        "matmul_bias_gelu",
-        {
-            "mgpu_block_m": (block_m, (64, 128)),
-            "mgpu_block_n": (block_n, (64, 128, 256)),
-            "mgpu_block_k": (block_k, (64,)),
-            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
-        },
-        (block_m * block_n, 16384),
-        (
-            stages * (2 * block_m * block_k + 2 * block_n * block_k)
-            + 2 * block_m * block_n
-            + 4 * block_n,
-            232448,
-        ),
-    )
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    padded_k = k + -k % block_k
-    x = rt.mgpu_pad(x, (padded_m, padded_k))
-    y = rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = bias.reshape((n,))
-    bias = rt.mgpu_pad(bias, (padded_n,))
-    (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(x, y, bias)
-    return z[:m, :n]
-
-
-@rt.jit_with_static_keywords
-def matmul_bias_gelu_with_residuals(
-    x,
-    y,
-    bias,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (acc).
+    outputs={"dy": (jnp.float32, ("K", "N"))},
+    sizes={"K": "k", "N": "n", "M": "m"},
+    tpu=_matmul_relu_backward_y_tpu,
+    triton=_matmul_relu_backward_y_gpu,
+    mosaic_gpu=_matmul_relu_backward_y_mosaic_gpu,
+)
+def matmul_relu_backward_y(acc, dz, x):
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
-      x: bf16[M, K].
-      y: bf16[K, N].
-      bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
-        else 512, 1024, 1024.
+      acc: f32[M, N].
+      dz: f32[M, N].
+      x: f32[M, K].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
+        (rt.grown), else 512, 512, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: bf16[M, N]; acc: f32[M, N].
+      dy: f32[K, N].
     """
-    (x, y, bias), sizes = rt.operands(
-        "matmul_bias_gelu_with_residuals",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "y": (y, jnp.bfloat16, ("K", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-        },
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu_with_residuals",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_bias_gelu_with_residuals",
-            sizes,
-            matmul_bias_gelu_with_residuals_reference,
-            (((m, n), jnp.bfloat16), ((m, n), jnp.float32)),
-            x,
-            y,
-            bias,
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return rt.on_platform(
-        "matmul_bias_gelu_with_residuals",
-        (x, y, bias),
-        tpu=functools.partial(
-            _matmul_bias_gelu_with_residuals_tpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
+    k = x.shape[1]
+    n = acc.shape[1]
+    m = acc.shape[0]
+    acc = jnp.transpose(acc, (1, 0))[None, :, :]
+    dz = jnp.transpose(dz, (1, 0))[None, :, :]
+    x = jnp.transpose(x, (1, 0))[:, None, :]
+    dacc = jnp.where(acc > 0, dz, 0)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "km,nm->kn",
+            jnp.squeeze(x, (1,)),
+            jnp.squeeze(dacc, (0,)),
+            preferred_element_type=jnp.float32,
         ),
-        triton=functools.partial(
-            _matmul_bias_gelu_with_residuals_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_bias_gelu_with_residuals_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        (2,),
     )
-
-
-def matmul_bias_gelu_with_residuals_reference(x, y, bias):
-    """`matmul_bias_gelu_with_residuals` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = product
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-    return z, acc
+    dy = dy.reshape((k, n))
+    return dy
 
 
 def _matmul_bias_gelu_with_residuals_kernel(
@@ -3945,130 +2673,390 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def matmul_bias_gelu_backward_x(
-    acc,
-    bias,
-    dz,
-    y,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "y": (jnp.bfloat16, ("K", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+    },
+    outputs={"z": (jnp.bfloat16, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_bias_gelu_with_residuals_tpu,
+    triton=_matmul_bias_gelu_with_residuals_gpu,
+    mosaic_gpu=_matmul_bias_gelu_with_residuals_mosaic_gpu,
+)
+def matmul_bias_gelu_with_residuals(x, y, bias):
+    """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (acc).
 
     Args:
-      acc: f32[M, N].
-      bias: f32[N].
-      dz: bf16[M, N].
+      x: bf16[M, K].
       y: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
+      bias: f32[N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, K].
+      z: bf16[M, N]; acc: f32[M, N].
     """
-    (acc, bias, dz, y), sizes = rt.operands(
-        "matmul_bias_gelu_backward_x",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "dz": (dz, jnp.bfloat16, ("M", "N")),
-            "y": (y, jnp.bfloat16, ("K", "N")),
-        },
+    bias = bias[None, :]
+    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = product
+    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    return z, acc
+
+
+def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        bias = bias_ref[...]
+        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_bias_gelu_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+    "v6e": {
+        "default": (1024, 1024, 1024),
+        (4096, 4096, 4096): (1024, 1024, 4096),
+        (8192, 8192, 8192): (1024, 1024, 1024),
+    },
+}
+
+
+def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = rt.tpu_blocks(
+        _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    rt.check_blocks(
-        "matmul_bias_gelu_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    rt.check_tiling(
+        "matmul_bias_gelu",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_bias_gelu_backward_x",
-            sizes,
-            matmul_bias_gelu_backward_x_reference,
-            (((m, k), jnp.bfloat16),),
-            acc,
-            bias,
-            dz,
-            y,
-        )
-    bias = bias.reshape((1, n))  # bias: f32[N]
-    return rt.on_platform(
-        "matmul_bias_gelu_backward_x",
-        (acc, bias, dz, y),
-        tpu=functools.partial(
-            _matmul_bias_gelu_backward_x_tpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
+    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
+            # y: bf16[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+        ],
+        # z: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        # acc_ref: the f32 sum over K of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
+            ),
         ),
-        triton=functools.partial(
-            _matmul_bias_gelu_backward_x_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n * k + m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2,
         ),
-        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
-        gpu_backend=gpu_backend,
         interpret=interpret,
-    )
+        name="matmul_bias_gelu",
+    )(x, y, bias)
 
 
-def matmul_bias_gelu_backward_x_reference(acc, bias, dz, y):
-    """`matmul_bias_gelu_backward_x` in plain jax.numpy, to test the kernel against."""
-    m = acc.shape[0]
-    k = y.shape[0]
-    n = acc.shape[1]
-    acc = acc[:, None, :]
-    bias = bias[None, None, :]
-    dz = dz[:, None, :]
-    y = y[None, :, :]
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+def _matmul_bias_gelu_gpu_kernel(
+    x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_k
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
+def _matmul_bias_gelu_gpu(
+    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
-    dacc = dz_1.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
         ),
-        (2,),
-    ).astype(jnp.bfloat16)
-    dx = dx.reshape((m, k))
-    return dx
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: bf16[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # z: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu",
+    )(x, y, bias)
+
+
+def _matmul_bias_gelu_mosaic_gpu_kernel(
+    x_ref,
+    y_ref,
+    bias_ref,
+    z_ref,
+    out_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+    stages,
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=stages,
+        )(x_ref, y_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc = acc_ref[...]
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
+    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m, block_n, block_k, stages = rt.gpu_options(
+        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    rt.mgpu_check_choices(
+        "matmul_bias_gelu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
+    bias = bias.reshape((n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y, bias)
+    return z[:m, :n]
+
+
+def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
+    by the generated backward kernels matmul_bias_gelu_backward_x,
+    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
+    residuals acc (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need from them.
+    """
+    x, y, bias, acc = saved
+    dz = cotangents
+    dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy, dbias = matmul_bias_gelu_backward_y(
+        acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dx, dy, dbias
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "y": (jnp.bfloat16, ("K", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+    },
+    outputs={"z": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_bias_gelu_tpu,
+    triton=_matmul_bias_gelu_gpu,
+    mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
+    vjp=_matmul_bias_gelu_vjp,
+    saves=("x", "y", "bias", "acc"),
+    residuals=matmul_bias_gelu_with_residuals,
+)
+def matmul_bias_gelu(x, y, bias):
+    """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
+
+    Args:
+      x: bf16[M, K].
+      y: bf16[K, N].
+      bias: f32[N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
+        else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      z: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
+    matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
+    """
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    return z
 
 
 def _matmul_bias_gelu_backward_x_kernel(
@@ -4483,114 +3471,45 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     return dx.reshape((m, k))
 
 
-@rt.jit_with_static_keywords
-def matmul_bias_gelu_backward_y(
-    acc,
-    bias,
-    dz,
-    x,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
+@rt.kernel(
+    inputs={
+        "acc": (jnp.float32, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "dz": (jnp.bfloat16, ("M", "N")),
+        "y": (jnp.bfloat16, ("K", "N")),
+    },
+    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_matmul_bias_gelu_backward_x_tpu,
+    triton=_matmul_bias_gelu_backward_x_gpu,
+    mosaic_gpu=_matmul_bias_gelu_backward_x_mosaic_gpu,
+)
+def matmul_bias_gelu_backward_x(acc, bias, dz, y):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
       acc: f32[M, N].
       bias: f32[N].
       dz: bf16[M, N].
-      x: bf16[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
+      y: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
+        (rt.grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dy: bf16[K, N]; dbias: f32[N].
+      dx: bf16[M, K].
     """
-    (acc, bias, dz, x), sizes = rt.operands(
-        "matmul_bias_gelu_backward_y",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "dz": (dz, jnp.bfloat16, ("M", "N")),
-            "x": (x, jnp.bfloat16, ("M", "K")),
-        },
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu_backward_y",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    k, n, m = sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_bias_gelu_backward_y",
-            sizes,
-            matmul_bias_gelu_backward_y_reference,
-            (((k, n), jnp.bfloat16), ((n,), jnp.float32)),
-            acc,
-            bias,
-            dz,
-            x,
-        )
-    bias = bias.reshape((1, n))  # bias: f32[N]
-    dy, dbias = rt.on_platform(
-        "matmul_bias_gelu_backward_y",
-        (acc, bias, dz, x),
-        tpu=functools.partial(
-            _matmul_bias_gelu_backward_y_tpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        triton=functools.partial(
-            _matmul_bias_gelu_backward_y_gpu,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dy, dbias
-
-
-def matmul_bias_gelu_backward_y_reference(acc, bias, dz, x):
-    """`matmul_bias_gelu_backward_y` in plain jax.numpy, to test the kernel against."""
-    k = x.shape[1]
-    n = acc.shape[1]
     m = acc.shape[0]
-    acc = jnp.transpose(acc, (1, 0))[None, :, :]
-    bias = bias[None, :, None]
-    dz = jnp.transpose(dz, (1, 0))[None, :, :]
-    x = jnp.transpose(x, (1, 0))[:, None, :]
+    k = y.shape[0]
+    n = acc.shape[1]
+    acc = acc[:, None, :]
+    bias = bias[None, None, :]
+    dz = dz[:, None, :]
+    y = y[None, :, :]
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
@@ -4598,19 +3517,17 @@ def matmul_bias_gelu_backward_y_reference(acc, bias, dz, x):
         + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(
+    dx = jnp.expand_dims(
         jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
+            "mn,kn->mk",
+            jnp.squeeze(dacc, (1,)),
+            jnp.squeeze(y, (0,)),
             preferred_element_type=jnp.float32,
         ),
         (2,),
     ).astype(jnp.bfloat16)
-    dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
-    dy = dy.reshape((k, n))
-    dbias = dbias.reshape((n,))
-    return dy, dbias
+    dx = dx.reshape((m, k))
+    return dx
 
 
 def _matmul_bias_gelu_backward_y_kernel(
@@ -5168,157 +4085,65 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
-@rt.jit_with_static_keywords
-def matmul_int8(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """int8 x int8 -> int32, as in \"The Rise of Pallas\".
+@rt.kernel(
+    inputs={
+        "acc": (jnp.float32, ("M", "N")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "dz": (jnp.bfloat16, ("M", "N")),
+        "x": (jnp.bfloat16, ("M", "K")),
+    },
+    outputs={"dy": (jnp.bfloat16, ("K", "N")), "dbias": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"K": "k", "N": "n", "M": "m"},
+    tpu=_matmul_bias_gelu_backward_y_tpu,
+    triton=_matmul_bias_gelu_backward_y_gpu,
+    mosaic_gpu=_matmul_bias_gelu_backward_y_mosaic_gpu,
+)
+def matmul_bias_gelu_backward_y(acc, bias, dz, x):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
 
     Args:
-      x: i8[M, K].
-      y: i8[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
-        else 512, 1024, 1024.
+      acc: f32[M, N].
+      bias: f32[N].
+      dz: bf16[M, N].
+      x: bf16[M, K].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
+        (rt.grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: i32[M, N].
-
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+      dy: bf16[K, N]; dbias: f32[N].
     """
-    (x, y), sizes = rt.operands(
-        "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
+    k = x.shape[1]
+    n = acc.shape[1]
+    m = acc.shape[0]
+    acc = jnp.transpose(acc, (1, 0))[None, :, :]
+    bias = bias[None, :, None]
+    dz = jnp.transpose(dz, (1, 0))[None, :, :]
+    x = jnp.transpose(x, (1, 0))[:, None, :]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
-    rt.check_blocks(
-        "matmul_int8",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "matmul_int8", sizes, matmul_int8_reference, (((m, n), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _matmul_int8_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
+    dacc = dz_1.astype(jnp.bfloat16)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "km,nm->kn",
+            jnp.squeeze(x, (1,)),
+            jnp.squeeze(dacc, (0,)),
+            preferred_element_type=jnp.float32,
         ),
-        functools.partial(_matmul_int8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def matmul_int8_reference(x, y):
-    """`matmul_int8` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
-    z = acc
-    return z
-
-
-def _matmul_int8_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "matmul_int8",
-        (x, y),
-        tpu=functools.partial(
-            _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
-        triton=functools.partial(
-            _matmul_int8_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _matmul_int8_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+        (2,),
+    ).astype(jnp.bfloat16)
+    dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
+    dy = dy.reshape((k, n))
+    dbias = dbias.reshape((n,))
+    return dy, dbias
 
 
 def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -5572,33 +4397,30 @@ def _matmul_int8_mosaic_gpu(
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def batched_matmul(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """A batch of matmuls: one (M, N) tile of one batch element per step.
+def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int8, ("M", "K")), "y": (jnp.int8, ("K", "N"))},
+    outputs={"z": (jnp.int32, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_matmul_int8_tpu,
+    triton=_matmul_int8_gpu,
+    mosaic_gpu=_matmul_int8_mosaic_gpu,
+    vjp=_matmul_int8_vjp,
+)
+def matmul_int8(x, y):
+    """int8 x int8 -> int32, as in \"The Rise of Pallas\".
 
     Args:
-      x: bf16[B, M, K].
-      y: bf16[B, K, N].
+      x: i8[M, K].
+      y: i8[K, N].
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -5606,141 +4428,14 @@ def batched_matmul(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: f32[B, M, N].
+      z: i32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
-    batched_matmul_backward_y (_batched_matmul_vjp).
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "batched_matmul",
-        {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
-    )
-    rt.check_blocks(
-        "batched_matmul",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    b, m, n, k = sizes["B"], sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "batched_matmul", sizes, batched_matmul_reference, (((b, m, n), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _batched_matmul_forward,
-            b=b,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-        functools.partial(_batched_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def batched_matmul_reference(x, y):
-    """`batched_matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
     z = acc
     return z
-
-
-def _batched_matmul_forward(
-    x,
-    y,
-    *,
-    b,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "batched_matmul",
-        (x, y),
-        tpu=functools.partial(
-            _batched_matmul_tpu,
-            b=b,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-        ),
-        triton=functools.partial(
-            _batched_matmul_gpu,
-            b=b,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _batched_matmul_mosaic_gpu,
-            b=b,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The
-    forward pass saves its inputs (x, y) and nothing else: the backward kernels recompute
-    the values they need from them.
-    """
-    x, y = saved
-    dz = cotangents
-    dx = batched_matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = batched_matmul_backward_y(dz, x, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
 
 
 def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -6007,113 +4702,51 @@ def _batched_matmul_mosaic_gpu(
     return z[:b, :m, :n]
 
 
-@rt.jit_with_static_keywords
-def batched_matmul_backward_x(
-    dz,
-    y,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The
+    forward pass saves its inputs (x, y) and nothing else: the backward kernels recompute
+    the values they need from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dx = batched_matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = batched_matmul_backward_y(dz, x, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("B", "M", "K")), "y": (jnp.bfloat16, ("B", "K", "N"))},
+    outputs={"z": (jnp.float32, ("B", "M", "N"))},
+    sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
+    tpu=_batched_matmul_tpu,
+    triton=_batched_matmul_gpu,
+    mosaic_gpu=_batched_matmul_mosaic_gpu,
+    vjp=_batched_matmul_vjp,
+)
+def batched_matmul(x, y):
+    """A batch of matmuls: one (M, N) tile of one batch element per step.
 
     Args:
-      dz: f32[B, M, N].
+      x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[B, M, K].
+      z: f32[B, M, N].
+
+    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
+    batched_matmul_backward_y (_batched_matmul_vjp).
     """
-    (dz, y), sizes = rt.operands(
-        "batched_matmul_backward_x",
-        {"dz": (dz, jnp.float32, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
-    )
-    rt.check_blocks(
-        "batched_matmul_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    b, m, k, n = sizes["B"], sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "batched_matmul_backward_x",
-            sizes,
-            batched_matmul_backward_x_reference,
-            (((b, m, k), jnp.bfloat16),),
-            dz,
-            y,
-        )
-    return rt.on_platform(
-        "batched_matmul_backward_x",
-        (dz, y),
-        tpu=functools.partial(
-            _batched_matmul_backward_x_tpu,
-            b=b,
-            m=m,
-            k=k,
-            n=n,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-        ),
-        triton=functools.partial(
-            _batched_matmul_backward_x_gpu,
-            b=b,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def batched_matmul_backward_x_reference(dz, y):
-    """`batched_matmul_backward_x` in plain jax.numpy, to test the kernel against."""
-    b = dz.shape[0]
-    m = dz.shape[1]
-    k = y.shape[1]
-    n = dz.shape[2]
-    dz = dz[:, :, None, :]
-    y = y[:, None, :, :]
-    dacc = dz.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(
-        jnp.einsum(
-            "bmn,bkn->bmk",
-            jnp.squeeze(dacc, (2,)),
-            jnp.squeeze(y, (1,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (3,),
-    ).astype(jnp.bfloat16)
-    dx = dx.reshape((b, m, k))
-    return dx
+    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
 
 
 def _batched_matmul_backward_x_kernel(
@@ -6482,113 +5115,49 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     return dx.reshape((b, m, k))
 
 
-@rt.jit_with_static_keywords
-def batched_matmul_backward_y(
-    dz,
-    x,
-    *,
-    block_k=None,
-    block_n=None,
-    block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
+@rt.kernel(
+    inputs={"dz": (jnp.float32, ("B", "M", "N")), "y": (jnp.bfloat16, ("B", "K", "N"))},
+    outputs={"dx": (jnp.bfloat16, ("B", "M", "K"))},
+    sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
+    tpu=_batched_matmul_backward_x_tpu,
+    triton=_batched_matmul_backward_x_gpu,
+    mosaic_gpu=_batched_matmul_backward_x_mosaic_gpu,
+)
+def batched_matmul_backward_x(dz, y):
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
       dz: f32[B, M, N].
-      x: bf16[B, M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
+      y: bf16[B, K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
+        (rt.grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dy: bf16[B, K, N].
+      dx: bf16[B, M, K].
     """
-    (dz, x), sizes = rt.operands(
-        "batched_matmul_backward_y",
-        {"dz": (dz, jnp.float32, ("B", "M", "N")), "x": (x, jnp.bfloat16, ("B", "M", "K"))},
-    )
-    rt.check_blocks(
-        "batched_matmul_backward_y",
-        block_k=block_k,
-        block_n=block_n,
-        block_m=block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    b, k, n, m = sizes["B"], sizes["K"], sizes["N"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "batched_matmul_backward_y",
-            sizes,
-            batched_matmul_backward_y_reference,
-            (((b, k, n), jnp.bfloat16),),
-            dz,
-            x,
-        )
-    return rt.on_platform(
-        "batched_matmul_backward_y",
-        (dz, x),
-        tpu=functools.partial(
-            _batched_matmul_backward_y_tpu,
-            b=b,
-            k=k,
-            n=n,
-            m=m,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        triton=functools.partial(
-            _batched_matmul_backward_y_gpu,
-            b=b,
-            k=k,
-            n=n,
-            m=m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def batched_matmul_backward_y_reference(dz, x):
-    """`batched_matmul_backward_y` in plain jax.numpy, to test the kernel against."""
     b = dz.shape[0]
-    k = x.shape[2]
-    n = dz.shape[2]
     m = dz.shape[1]
-    dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
-    x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
+    k = y.shape[1]
+    n = dz.shape[2]
+    dz = dz[:, :, None, :]
+    y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(
+    dx = jnp.expand_dims(
         jnp.einsum(
-            "bkm,bnm->bkn",
-            jnp.squeeze(x, (2,)),
-            jnp.squeeze(dacc, (1,)),
+            "bmn,bkn->bmk",
+            jnp.squeeze(dacc, (2,)),
+            jnp.squeeze(y, (1,)),
             preferred_element_type=jnp.float32,
         ),
         (3,),
     ).astype(jnp.bfloat16)
-    dy = dy.reshape((b, k, n))
-    return dy
+    dx = dx.reshape((b, m, k))
+    return dx
 
 
 def _batched_matmul_backward_y_kernel(
@@ -6958,170 +5527,49 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     return dy.reshape((b, k, n))
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def scores(
-    q,
-    k,
-    *,
-    block_s=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_block_d=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_s=None,
-    mgpu_block_t=None,
-    mgpu_block_d=None,
-    mgpu_stages=None,
-    scale=0.125,
-    interpret=None,
-):
-    """Attention scores: q against every key, scaled; D is taken whole.
+@rt.kernel(
+    inputs={"dz": (jnp.float32, ("B", "M", "N")), "x": (jnp.bfloat16, ("B", "M", "K"))},
+    outputs={"dy": (jnp.bfloat16, ("B", "K", "N"))},
+    sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
+    tpu=_batched_matmul_backward_y_tpu,
+    triton=_batched_matmul_backward_y_gpu,
+    mosaic_gpu=_batched_matmul_backward_y_mosaic_gpu,
+)
+def batched_matmul_backward_y(dz, x):
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
-      q: bf16[B, S, D].
-      k: bf16[B, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
-        else 128, 128.
+      dz: f32[B, M, N].
+      x: bf16[B, M, K].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
+        (rt.grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      scale: a static f32 (default 0.125).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      s: f32[B, S, T].
-
-    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
-    scores_backward_q, scores_backward_k (_scores_vjp).
+      dy: bf16[B, K, N].
     """
-    (q, k), sizes = rt.operands(
-        "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
-    )
-    rt.check_blocks(
-        "scores",
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_d=gpu_block_d,
-        may_be_none=True,
-    )
-    b, size_s, t, d = sizes["B"], sizes["S"], sizes["T"], sizes["D"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "scores", sizes, scores_reference, (((b, size_s, t), jnp.float32),), q, k, scale=scale
-        )
-    return rt.differentiable(
-        functools.partial(
-            _scores_forward,
-            b=b,
-            size_s=size_s,
-            t=t,
-            d=d,
-            block_s=block_s,
-            block_t=block_t,
-            gpu_block_s=gpu_block_s,
-            gpu_block_t=gpu_block_t,
-            gpu_block_d=gpu_block_d,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_s=mgpu_block_s,
-            mgpu_block_t=mgpu_block_t,
-            mgpu_block_d=mgpu_block_d,
-            mgpu_stages=mgpu_stages,
-            scale=scale,
-            interpret=interpret,
+    b = dz.shape[0]
+    k = x.shape[2]
+    n = dz.shape[2]
+    m = dz.shape[1]
+    dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
+    x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
+    dacc = dz.astype(jnp.bfloat16)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "bkm,bnm->bkn",
+            jnp.squeeze(x, (2,)),
+            jnp.squeeze(dacc, (1,)),
+            preferred_element_type=jnp.float32,
         ),
-        functools.partial(_scores_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret),
-        q,
-        k,
-    )
-
-
-def scores_reference(q, k, *, scale=0.125):
-    """`scores` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
-    s = acc * scale
-    return s
-
-
-def _scores_forward(
-    q,
-    k,
-    *,
-    b,
-    size_s,
-    t,
-    d,
-    block_s,
-    block_t,
-    gpu_block_s,
-    gpu_block_t,
-    gpu_block_d,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_s,
-    mgpu_block_t,
-    mgpu_block_d,
-    mgpu_stages,
-    scale,
-    interpret,
-):
-    """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "scores",
-        (q, k),
-        tpu=functools.partial(
-            _scores_tpu, b=b, size_s=size_s, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
-        ),
-        triton=functools.partial(
-            _scores_gpu,
-            b=b,
-            size_s=size_s,
-            t=t,
-            d=d,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            block_d=gpu_block_d,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _scores_mosaic_gpu,
-            b=b,
-            size_s=size_s,
-            t=t,
-            d=d,
-            scale=scale,
-            block_s=mgpu_block_s,
-            block_t=mgpu_block_t,
-            block_d=mgpu_block_d,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels scores_backward_epilogue, scores_backward_q,
-    scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
-    backward kernels recompute the values they need from them.
-    """
-    q, k = saved
-    ds = cotangents
-    dacc = scores_backward_epilogue(ds, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
-    dq = scores_backward_q(dacc, k, gpu_backend=gpu_backend, interpret=interpret)
-    dk = scores_backward_k(dacc, q, gpu_backend=gpu_backend, interpret=interpret)
-    return dq, dk
+        (3,),
+    ).astype(jnp.bfloat16)
+    dy = dy.reshape((b, k, n))
+    return dy
 
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
@@ -7376,98 +5824,54 @@ def _scores_mosaic_gpu(
     return s[:b, :size_s, :t]
 
 
-@rt.jit_with_static_keywords(params={"scale": jnp.float32})
-def scores_backward_epilogue(
-    ds,
-    *,
-    block_b=None,
-    block_s=None,
-    block_t=None,
-    gpu_block_b=None,
-    gpu_block_s=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    scale=0.125,
-    interpret=None,
-):
-    """The backward pass of `scores`, generated from its spec: the cotangents dacc
-    of its inputs from ds, those of its outputs.
+def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
+    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels scores_backward_epilogue, scores_backward_q,
+    scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
+    backward kernels recompute the values they need from them.
+    """
+    q, k = saved
+    ds = cotangents
+    dacc = scores_backward_epilogue(ds, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
+    dq = scores_backward_q(dacc, k, gpu_backend=gpu_backend, interpret=interpret)
+    dk = scores_backward_k(dacc, q, gpu_backend=gpu_backend, interpret=interpret)
+    return dq, dk
+
+
+@rt.kernel(
+    inputs={"q": (jnp.bfloat16, ("B", "S", "D")), "k": (jnp.bfloat16, ("B", "T", "D"))},
+    outputs={"s": (jnp.float32, ("B", "S", "T"))},
+    sizes={"B": "b", "S": "size_s", "T": "t", "D": "d"},
+    params={"scale": jnp.float32},
+    tpu=_scores_tpu,
+    triton=_scores_gpu,
+    mosaic_gpu=_scores_mosaic_gpu,
+    vjp=_scores_vjp,
+)
+def scores(q, k, *, scale=0.125):
+    """Attention scores: q against every key, scaled; D is taken whole.
 
     Args:
-      ds: f32[B, S, T].
-      block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 128, 128.
+      q: bf16[B, S, D].
+      k: bf16[B, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
+        else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dacc: bf16[B, S, T].
+      s: f32[B, S, T].
+
+    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
+    scores_backward_q, scores_backward_k (_scores_vjp).
     """
-    (ds,), sizes = rt.operands(
-        "scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))}
-    )
-    rt.check_blocks(
-        "scores_backward_epilogue",
-        block_b=block_b,
-        block_s=block_s,
-        block_t=block_t,
-        gpu_block_b=gpu_block_b,
-        gpu_block_s=gpu_block_s,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, s, t = sizes["B"], sizes["S"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "scores_backward_epilogue",
-            sizes,
-            scores_backward_epilogue_reference,
-            (((b, s, t), jnp.bfloat16),),
-            ds,
-            scale=scale,
-        )
-    return rt.on_platform(
-        "scores_backward_epilogue",
-        (ds,),
-        tpu=functools.partial(
-            _scores_backward_epilogue_tpu,
-            b=b,
-            s=s,
-            t=t,
-            block_b=block_b,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        triton=functools.partial(
-            _scores_backward_epilogue_gpu,
-            b=b,
-            s=s,
-            t=t,
-            block_b=gpu_block_b,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        mosaic_gpu=functools.partial(
-            _scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def scores_backward_epilogue_reference(ds, *, scale=0.125):
-    """`scores_backward_epilogue` in plain jax.numpy, to test the kernel against."""
-    dacc = (ds * scale).astype(jnp.bfloat16)
-    return dacc
+    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
+    s = acc * scale
+    return s
 
 
 def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
@@ -7652,113 +6056,34 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     return dacc[:b, :s, :t]
 
 
-@rt.jit_with_static_keywords
-def scores_backward_q(
-    dacc,
-    k,
-    *,
-    block_s=None,
-    block_d=None,
-    block_t=None,
-    gpu_block_s=None,
-    gpu_block_d=None,
-    gpu_block_t=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_s=None,
-    mgpu_block_d=None,
-    mgpu_block_t=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `scores`, generated from its spec: the cotangent dq of
-    its input q, from dacc, the cotangent of its product.
+@rt.kernel(
+    inputs={"ds": (jnp.float32, ("B", "S", "T"))},
+    outputs={"dacc": (jnp.bfloat16, ("B", "S", "T"))},
+    sizes={"B": "b", "S": "s", "T": "t"},
+    params={"scale": jnp.float32},
+    tpu=_scores_backward_epilogue_tpu,
+    triton=_scores_backward_epilogue_gpu,
+    mosaic_gpu=_scores_backward_epilogue_mosaic_gpu,
+)
+def scores_backward_epilogue(ds, *, scale=0.125):
+    """The backward pass of `scores`, generated from its spec: the cotangents dacc
+    of its inputs from ds, those of its outputs.
 
     Args:
-      dacc: bf16[B, S, T].
-      k: bf16[B, T, D].
-      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
-        else 128, 128, 128.
+      ds: f32[B, S, T].
+      block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
+        grown to large steps (rt.grown), else 1, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      scale: a static f32 (default 0.125).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dq: bf16[B, S, D].
+      dacc: bf16[B, S, T].
     """
-    (dacc, k), sizes = rt.operands(
-        "scores_backward_q",
-        {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
-    )
-    rt.check_blocks(
-        "scores_backward_q",
-        block_s=block_s,
-        block_d=block_d,
-        block_t=block_t,
-        gpu_block_s=gpu_block_s,
-        gpu_block_d=gpu_block_d,
-        gpu_block_t=gpu_block_t,
-        may_be_none=True,
-    )
-    b, s, d, t = sizes["B"], sizes["S"], sizes["D"], sizes["T"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "scores_backward_q",
-            sizes,
-            scores_backward_q_reference,
-            (((b, s, d), jnp.bfloat16),),
-            dacc,
-            k,
-        )
-    return rt.on_platform(
-        "scores_backward_q",
-        (dacc, k),
-        tpu=functools.partial(
-            _scores_backward_q_tpu,
-            b=b,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_d=block_d,
-            block_t=block_t,
-        ),
-        triton=functools.partial(
-            _scores_backward_q_gpu,
-            b=b,
-            s=s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_d=gpu_block_d,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _scores_backward_q_mosaic_gpu,
-            b=b,
-            s=s,
-            d=d,
-            t=t,
-            block_s=mgpu_block_s,
-            block_d=mgpu_block_d,
-            block_t=mgpu_block_t,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def scores_backward_q_reference(dacc, k):
-    """`scores_backward_q` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
-    dq = acc.astype(jnp.bfloat16)
-    return dq
+    dacc = (ds * scale).astype(jnp.bfloat16)
+    return dacc
 
 
 def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
@@ -8027,34 +6352,23 @@ def _scores_backward_q_mosaic_gpu(
     return dq[:b, :s, :d]
 
 
-@rt.jit_with_static_keywords
-def scores_backward_k(
-    dacc,
-    q,
-    *,
-    block_t=None,
-    block_d=None,
-    block_s=None,
-    gpu_block_t=None,
-    gpu_block_d=None,
-    gpu_block_s=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_t=None,
-    mgpu_block_d=None,
-    mgpu_block_s=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `scores`, generated from its spec: the cotangent dk of
-    its input k, from dacc, the cotangent of its product.
+@rt.kernel(
+    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "k": (jnp.bfloat16, ("B", "T", "D"))},
+    outputs={"dq": (jnp.bfloat16, ("B", "S", "D"))},
+    sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
+    tpu=_scores_backward_q_tpu,
+    triton=_scores_backward_q_gpu,
+    mosaic_gpu=_scores_backward_q_mosaic_gpu,
+)
+def scores_backward_q(dacc, k):
+    """The backward pass of `scores`, generated from its spec: the cotangent dq of
+    its input q, from dacc, the cotangent of its product.
 
     Args:
       dacc: bf16[B, S, T].
-      q: bf16[B, S, D].
-      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
+      k: bf16[B, T, D].
+      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
         else 128, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -8062,78 +6376,11 @@ def scores_backward_k(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dk: bf16[B, T, D].
+      dq: bf16[B, S, D].
     """
-    (dacc, q), sizes = rt.operands(
-        "scores_backward_k",
-        {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
-    )
-    rt.check_blocks(
-        "scores_backward_k",
-        block_t=block_t,
-        block_d=block_d,
-        block_s=block_s,
-        gpu_block_t=gpu_block_t,
-        gpu_block_d=gpu_block_d,
-        gpu_block_s=gpu_block_s,
-        may_be_none=True,
-    )
-    b, t, d, s = sizes["B"], sizes["T"], sizes["D"], sizes["S"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "scores_backward_k",
-            sizes,
-            scores_backward_k_reference,
-            (((b, t, d), jnp.bfloat16),),
-            dacc,
-            q,
-        )
-    return rt.on_platform(
-        "scores_backward_k",
-        (dacc, q),
-        tpu=functools.partial(
-            _scores_backward_k_tpu,
-            b=b,
-            t=t,
-            d=d,
-            s=s,
-            block_t=block_t,
-            block_d=block_d,
-            block_s=block_s,
-        ),
-        triton=functools.partial(
-            _scores_backward_k_gpu,
-            b=b,
-            t=t,
-            d=d,
-            s=s,
-            block_t=gpu_block_t,
-            block_d=gpu_block_d,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _scores_backward_k_mosaic_gpu,
-            b=b,
-            t=t,
-            d=d,
-            s=s,
-            block_t=mgpu_block_t,
-            block_d=mgpu_block_d,
-            block_s=mgpu_block_s,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def scores_backward_k_reference(dacc, q):
-    """`scores_backward_k` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
-    dk = acc.astype(jnp.bfloat16)
-    return dk
+    acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
+    dq = acc.astype(jnp.bfloat16)
+    return dq
 
 
 def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
@@ -8407,175 +6654,35 @@ def _scores_backward_k_mosaic_gpu(
     return dk[:b, :t, :d]
 
 
-@rt.jit_with_static_keywords
-def linear(
-    x,
-    w,
-    bias,
-    *,
-    block_m=None,
-    block_n=None,
-    block_k=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
+@rt.kernel(
+    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "q": (jnp.bfloat16, ("B", "S", "D"))},
+    outputs={"dk": (jnp.bfloat16, ("B", "T", "D"))},
+    sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
+    tpu=_scores_backward_k_tpu,
+    triton=_scores_backward_k_gpu,
+    mosaic_gpu=_scores_backward_k_mosaic_gpu,
+)
+def scores_backward_k(dacc, q):
+    """The backward pass of `scores`, generated from its spec: the cotangent dk of
+    its input k, from dacc, the cotangent of its product.
 
     Args:
-      x: bf16[M, K].
-      w: bf16[N, K].
-      bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
-        else 1024, 1024, 1024.
+      dacc: bf16[B, S, T].
+      q: bf16[B, S, D].
+      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
+        else 128, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: bf16[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
-    linear_backward_x, linear_backward_w (_linear_vjp).
+      dk: bf16[B, T, D].
     """
-    (x, w, bias), sizes = rt.operands(
-        "linear",
-        {
-            "x": (x, jnp.bfloat16, ("M", "K")),
-            "w": (w, jnp.bfloat16, ("N", "K")),
-            "bias": (bias, jnp.float32, ("N",)),
-        },
-    )
-    rt.check_blocks(
-        "linear",
-        block_m=block_m,
-        block_n=block_n,
-        block_k=block_k,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        may_be_none=True,
-    )
-    m, n, k = sizes["M"], sizes["N"], sizes["K"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "linear", sizes, linear_reference, (((m, n), jnp.bfloat16),), x, w, bias
-        )
-    return rt.differentiable(
-        functools.partial(
-            _linear_forward,
-            m=m,
-            n=n,
-            k=k,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_block_k=gpu_block_k,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            mgpu_block_m=mgpu_block_m,
-            mgpu_block_n=mgpu_block_n,
-            mgpu_block_k=mgpu_block_k,
-            mgpu_stages=mgpu_stages,
-            interpret=interpret,
-        ),
-        functools.partial(_linear_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        w,
-        bias,
-    )
-
-
-def linear_reference(x, w, bias):
-    """`linear` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
-    y = (acc + bias).astype(jnp.bfloat16)
-    return y
-
-
-def _linear_forward(
-    x,
-    w,
-    bias,
-    *,
-    m,
-    n,
-    k,
-    block_m,
-    block_n,
-    block_k,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_block_k,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    mgpu_block_m,
-    mgpu_block_n,
-    mgpu_block_k,
-    mgpu_stages,
-    interpret,
-):
-    """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return rt.on_platform(
-        "linear",
-        (x, w, bias),
-        tpu=functools.partial(
-            _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
-        ),
-        triton=functools.partial(
-            _linear_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _linear_mosaic_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=mgpu_block_m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
-    The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
-    recompute the values they need from them.
-    """
-    x, w, _ = saved
-    dy = cotangents
-    dbias = linear_backward_over_m(dy, gpu_backend=gpu_backend, interpret=interpret)
-    dx = linear_backward_x(dy, w, gpu_backend=gpu_backend, interpret=interpret)
-    dw = linear_backward_w(dy, x, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dw, dbias
+    acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
+    dk = acc.astype(jnp.bfloat16)
+    return dk
 
 
 def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
@@ -8863,83 +6970,58 @@ def _linear_mosaic_gpu(
     return y[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def linear_backward_over_m(
-    dy,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `linear`, generated from its spec: the cotangents dbias
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
+    The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
+    recompute the values they need from them.
+    """
+    x, w, _ = saved
+    dy = cotangents
+    dbias = linear_backward_over_m(dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = linear_backward_x(dy, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = linear_backward_w(dy, x, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dw, dbias
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "K")),
+        "w": (jnp.bfloat16, ("N", "K")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+    },
+    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n", "K": "k"},
+    tpu=_linear_tpu,
+    triton=_linear_gpu,
+    mosaic_gpu=_linear_mosaic_gpu,
+    vjp=_linear_vjp,
+)
+def linear(x, w, bias):
+    """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
 
     Args:
-      dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
+      x: bf16[M, K].
+      w: bf16[N, K].
+      bias: f32[N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
+        else 1024, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dbias: f32[N].
+      y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
+    linear_backward_x, linear_backward_w (_linear_vjp).
     """
-    (dy,), sizes = rt.operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
-    rt.check_blocks(
-        "linear_backward_over_m",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "linear_backward_over_m",
-            sizes,
-            linear_backward_over_m_reference,
-            (((n,), jnp.float32),),
-            dy,
-        )
-    dbias = rt.on_platform(
-        "linear_backward_over_m",
-        (dy,),
-        tpu=functools.partial(
-            _linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        triton=functools.partial(
-            _linear_backward_over_m_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dbias
-
-
-def linear_backward_over_m_reference(dy):
-    """`linear_backward_over_m` in plain jax.numpy, to test the kernel against."""
-    m = dy.shape[0]
-    n = dy.shape[1]
-    dy_1 = dy.astype(jnp.float32)
-    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
-    dbias = dbias.reshape((n,))
-    return dbias
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
+    y = (acc + bias).astype(jnp.bfloat16)
+    return y
 
 
 def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n):
@@ -9149,104 +7231,36 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     return dbias[:n].reshape((1, n))
 
 
-@rt.jit_with_static_keywords
-def linear_backward_x(
-    dy,
-    w,
-    *,
-    block_m=None,
-    block_k=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_k=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_m=None,
-    mgpu_block_k=None,
-    mgpu_block_n=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `linear`, generated from its spec: the cotangent dx of
-    its input x, from dy, the cotangent of its product.
+@rt.kernel(
+    inputs={"dy": (jnp.bfloat16, ("M", "N"))},
+    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_linear_backward_over_m_tpu,
+    triton=_linear_backward_over_m_gpu,
+    mosaic_gpu=_linear_backward_over_m_mosaic_gpu,
+)
+def linear_backward_over_m(dy):
+    """The backward pass of `linear`, generated from its spec: the cotangents dbias
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Args:
       dy: bf16[M, N].
-      w: bf16[N, K].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
-        else 1024, 1024, 1024.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
+        grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, K].
+      dbias: f32[N].
     """
-    (dy, w), sizes = rt.operands(
-        "linear_backward_x",
-        {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("N", "K"))},
-    )
-    rt.check_blocks(
-        "linear_backward_x",
-        block_m=block_m,
-        block_k=block_k,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_k=gpu_block_k,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, k, n = sizes["M"], sizes["K"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "linear_backward_x",
-            sizes,
-            linear_backward_x_reference,
-            (((m, k), jnp.bfloat16),),
-            dy,
-            w,
-        )
-    return rt.on_platform(
-        "linear_backward_x",
-        (dy, w),
-        tpu=functools.partial(
-            _linear_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
-        ),
-        triton=functools.partial(
-            _linear_backward_x_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _linear_backward_x_mosaic_gpu,
-            m=m,
-            k=k,
-            n=n,
-            block_m=mgpu_block_m,
-            block_k=mgpu_block_k,
-            block_n=mgpu_block_n,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def linear_backward_x_reference(dy, w):
-    """`linear_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
-    return dx
+    m = dy.shape[0]
+    n = dy.shape[1]
+    dy_1 = dy.astype(jnp.float32)
+    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dbias = dbias.reshape((n,))
+    return dbias
 
 
 def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
@@ -9506,34 +7520,23 @@ def _linear_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@rt.jit_with_static_keywords
-def linear_backward_w(
-    dy,
-    x,
-    *,
-    block_n=None,
-    block_k=None,
-    block_m=None,
-    gpu_block_n=None,
-    gpu_block_k=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    mgpu_block_n=None,
-    mgpu_block_k=None,
-    mgpu_block_m=None,
-    mgpu_stages=None,
-    interpret=None,
-):
-    """The backward pass of `linear`, generated from its spec: the cotangent dw of
-    its input w, from dy, the cotangent of its product.
+@rt.kernel(
+    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("N", "K"))},
+    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    sizes={"M": "m", "K": "k", "N": "n"},
+    tpu=_linear_backward_x_tpu,
+    triton=_linear_backward_x_gpu,
+    mosaic_gpu=_linear_backward_x_mosaic_gpu,
+)
+def linear_backward_x(dy, w):
+    """The backward pass of `linear`, generated from its spec: the cotangent dx of
+    its input x, from dy, the cotangent of its product.
 
     Args:
       dy: bf16[M, N].
-      x: bf16[M, K].
-      block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
+      w: bf16[N, K].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
         else 1024, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -9541,69 +7544,11 @@ def linear_backward_w(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dw: bf16[N, K].
+      dx: bf16[M, K].
     """
-    (dy, x), sizes = rt.operands(
-        "linear_backward_w",
-        {"dy": (dy, jnp.bfloat16, ("M", "N")), "x": (x, jnp.bfloat16, ("M", "K"))},
-    )
-    rt.check_blocks(
-        "linear_backward_w",
-        block_n=block_n,
-        block_k=block_k,
-        block_m=block_m,
-        gpu_block_n=gpu_block_n,
-        gpu_block_k=gpu_block_k,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    n, k, m = sizes["N"], sizes["K"], sizes["M"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "linear_backward_w",
-            sizes,
-            linear_backward_w_reference,
-            (((n, k), jnp.bfloat16),),
-            dy,
-            x,
-        )
-    return rt.on_platform(
-        "linear_backward_w",
-        (dy, x),
-        tpu=functools.partial(
-            _linear_backward_w_tpu, n=n, k=k, m=m, block_n=block_n, block_k=block_k, block_m=block_m
-        ),
-        triton=functools.partial(
-            _linear_backward_w_gpu,
-            n=n,
-            k=k,
-            m=m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(
-            _linear_backward_w_mosaic_gpu,
-            n=n,
-            k=k,
-            m=m,
-            block_n=mgpu_block_n,
-            block_k=mgpu_block_k,
-            block_m=mgpu_block_m,
-            stages=mgpu_stages,
-        ),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def linear_backward_w_reference(dy, x):
-    """`linear_backward_w` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
-    return dw
+    acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
 
 
 def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
@@ -9866,3 +7811,34 @@ def _linear_backward_w_mosaic_gpu(
         interpret=interpret,
     )(dy, x)
     return dw[:n, :k]
+
+
+@rt.kernel(
+    inputs={"dy": (jnp.bfloat16, ("M", "N")), "x": (jnp.bfloat16, ("M", "K"))},
+    outputs={"dw": (jnp.bfloat16, ("N", "K"))},
+    sizes={"N": "n", "K": "k", "M": "m"},
+    tpu=_linear_backward_w_tpu,
+    triton=_linear_backward_w_gpu,
+    mosaic_gpu=_linear_backward_w_mosaic_gpu,
+)
+def linear_backward_w(dy, x):
+    """The backward pass of `linear`, generated from its spec: the cotangent dw of
+    its input w, from dy, the cotangent of its product.
+
+    Args:
+      dy: bf16[M, N].
+      x: bf16[M, K].
+      block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
+        else 1024, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dw: bf16[N, K].
+    """
+    acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw

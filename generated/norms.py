@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/norms.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,601 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def layer_norm(
-    x,
-    w,
-    b,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-05,
-    interpret=None,
-):
-    """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
-    each row had (what a backward pass needs).
-
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
-
-    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
-    layer_norm_backward_over_m (_layer_norm_vjp).
-    """
-    (x, w, b), sizes = rt.operands(
-        "layer_norm",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "w": (w, jnp.float32, ("N",)),
-            "b": (b, jnp.float32, ("N",)),
-        },
-    )
-    rt.check_blocks("layer_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "layer_norm",
-            sizes,
-            layer_norm_reference,
-            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32)),
-            x,
-            w,
-            b,
-            eps=eps,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _layer_norm_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            eps=eps,
-            interpret=interpret,
-        ),
-        functools.partial(_layer_norm_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        w,
-        b,
-        saving=functools.partial(
-            _layer_norm_saving,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            eps=eps,
-            interpret=interpret,
-        ),
-    )
-
-
-def layer_norm_reference(x, w, b, *, eps=1e-05):
-    """`layer_norm` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    b = b[None, :]
-    h = x.astype(jnp.float32)
-    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
-    y = (d * rstd * w + b).astype(jnp.bfloat16)
-    mu = mu.reshape((m,))
-    rstd = rstd.reshape((m,))
-    return y, mu, rstd
-
-
-def _layer_norm_forward(
-    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
-):
-    """`layer_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    b = b.reshape(1, n)  # b: f32[N], broadcast over M
-    y, mu, rstd = rt.on_platform(
-        "layer_norm",
-        (x, w, b),
-        tpu=functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _layer_norm_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return y, mu, rstd
-
-
-def _layer_norm_saving(
-    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
-):
-    """`layer_norm` forward under jax.grad, by layer_norm_with_residuals: its outputs, and what
-    its backward kernels read (x, w, mu, rstd, mean_n).
-    """
-    y, mu, rstd, mean_n = layer_norm_with_residuals(
-        x,
-        w,
-        b,
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        eps=eps,
-        interpret=interpret,
-    )
-    return (y, mu, rstd), (x, w, mu, rstd, mean_n)
-
-
-def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
-    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
-    residuals mean_n (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need (h, d) from them.
-    """
-    x, w, mu, rstd, mean_n = saved
-    dy, dmu, drstd = cotangents
-    dx = layer_norm_backward(
-        x,
-        w,
-        mu,
-        rstd,
-        mean_n,
-        dy,
-        dmu,
-        drstd,
-        eps=eps,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dw, db = layer_norm_backward_over_m(
-        x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dx, dw, db
-
-
-def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    b = b_ref[...]
-    h = x.astype(jnp.float32)
-    mu = jnp.sum(h, axis=1, keepdims=True) / n
-    mu_ref[...] = mu
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.sum((d * d), axis=1, keepdims=True) / n + eps)
-    rstd_ref[...] = rstd
-    y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
-
-
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_layer_norm_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
-
-
-def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "layer_norm",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4
-    # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
-    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
-    return pl.pallas_call(
-        functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-        ],
-        out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-        ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4,
-        ),
-        interpret=interpret,
-        name="layer_norm",
-    )(x, w, b)
-
-
-def _layer_norm_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, block_m, n, block_n, eps
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
-    h = x.astype(jnp.float32)
-    mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
-    d = h - mu
-    rstd = jax.lax.rsqrt(
-        jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-    )
-    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
-    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_layer_norm_gpu_options = {None: (1, 4, 1)}
-
-
-def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
-        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    return pl.pallas_call(
-        functools.partial(
-            _layer_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-            # b: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-        ],
-        out_specs=(
-            # y: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-        ),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="layer_norm",
-    )(x, w, b)
-
-
-def _layer_norm_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    b_ref,
-    y_ref,
-    mu_ref,
-    rstd_ref,
-    mu_smem,
-    rstd_smem,
-    y_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-    eps,
-):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (mean_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        mean_n_block = h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
-        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
-        return (mean_n_running,)
-
-    (mean_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_n = mean_n_running / n
-    mu = mean_n
-
-    def reduce_2(indices, x_smem, carry):
-        (mean_over_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
-        mean_over_n_block = d * d
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
-        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return (mean_over_n_running,)
-
-    (mean_over_n_running,) = plgpu.emit_pipeline(
-        reduce_2,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_over_n = mean_over_n_running / n
-    rstd = jax.lax.rsqrt(mean_over_n + eps)
-    mu_smem[...] = mu
-    rstd_smem[...] = rstd
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
-
-    def write(indices, x_smem, w_smem, b_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
-        b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
-        h = x.astype(jnp.float32)
-        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
-            jnp.bfloat16
-        )
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, w_ref, b_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    b = b.reshape((n,))
-    b = rt.mgpu_pad(b, (padded_n,))
-    y, mu, rstd = plgpu.kernel(
-        functools.partial(
-            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x, w, b)
-    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
-
-
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def layer_norm_with_residuals(
-    x,
-    w,
-    b,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-05,
-    interpret=None,
-):
-    """`layer_norm` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (mean_n).
-
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
-    """
-    (x, w, b), sizes = rt.operands(
-        "layer_norm_with_residuals",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "w": (w, jnp.float32, ("N",)),
-            "b": (b, jnp.float32, ("N",)),
-        },
-    )
-    rt.check_blocks(
-        "layer_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "layer_norm_with_residuals",
-            sizes,
-            layer_norm_with_residuals_reference,
-            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.float32)),
-            x,
-            w,
-            b,
-            eps=eps,
-        )
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    b = b.reshape(1, n)  # b: f32[N], broadcast over M
-    y, mu, rstd, mean_n = rt.on_platform(
-        "layer_norm_with_residuals",
-        (x, w, b),
-        tpu=functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _layer_norm_with_residuals_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return y, mu, rstd, mean_n
-
-
-def layer_norm_with_residuals_reference(x, w, b, *, eps=1e-05):
-    """`layer_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    b = b[None, :]
-    h = x.astype(jnp.float32)
-    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
-    d = h - mu
-    mean_n = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32)
-    rstd = jax.lax.rsqrt(mean_n + eps)
-    y = (d * rstd * w + b).astype(jnp.bfloat16)
-    mu = mu.reshape((m,))
-    rstd = rstd.reshape((m,))
-    mean_n = mean_n.reshape((m,))
-    return y, mu, rstd, mean_n
 
 
 def _layer_norm_with_residuals_kernel(
@@ -959,39 +364,34 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def layer_norm_backward(
-    x,
-    w,
-    mu,
-    rstd,
-    mean_n,
-    dy,
-    dmu,
-    drstd,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-05,
-    interpret=None,
-):
-    """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
-    of its inputs from dy, dmu, drstd, those of its outputs.
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "w": (jnp.float32, ("N",), (1, "N")),
+        "b": (jnp.float32, ("N",), (1, "N")),
+    },
+    outputs={
+        "y": (jnp.bfloat16, ("M", "N")),
+        "mu": (jnp.float32, ("M",), ("M", 1)),
+        "rstd": (jnp.float32, ("M",), ("M", 1)),
+        "mean_n": (jnp.float32, ("M",), ("M", 1)),
+    },
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_layer_norm_with_residuals_tpu,
+    triton=_layer_norm_with_residuals_gpu,
+    mosaic_gpu=_layer_norm_with_residuals_mosaic_gpu,
+)
+def layer_norm_with_residuals(x, w, b, *, eps=1e-05):
+    """`layer_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
 
     Args:
       x: bf16[M, N].
       w: f32[N].
-      mu: f32[M].
-      rstd: f32[M].
-      mean_n: f32[M].
-      dy: bf16[M, N].
-      dmu: f32[M].
-      drstd: f32[M].
+      b: f32[N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -999,88 +399,422 @@ def layer_norm_backward(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, N].
+      y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
     """
-    (x, w, mu, rstd, mean_n, dy, dmu, drstd), sizes = rt.operands(
-        "layer_norm_backward",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "w": (w, jnp.float32, ("N",)),
-            "mu": (mu, jnp.float32, ("M",)),
-            "rstd": (rstd, jnp.float32, ("M",)),
-            "mean_n": (mean_n, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-            "dmu": (dmu, jnp.float32, ("M",)),
-            "drstd": (drstd, jnp.float32, ("M",)),
-        },
-    )
-    rt.check_blocks(
-        "layer_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "layer_norm_backward",
-            sizes,
-            layer_norm_backward_reference,
-            (((m, n), jnp.bfloat16),),
-            x,
-            w,
-            mu,
-            rstd,
-            mean_n,
-            dy,
-            dmu,
-            drstd,
-            eps=eps,
-        )
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
-    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
-    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
-    dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
-    drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
-    return rt.on_platform(
-        "layer_norm_backward",
-        (x, w, mu, rstd, mean_n, dy, dmu, drstd),
-        tpu=functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _layer_norm_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def layer_norm_backward_reference(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
-    """`layer_norm_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     w = w[None, :]
-    mu = mu[:, None]
-    rstd = rstd[:, None]
-    mean_n = mean_n[:, None]
-    dmu = dmu[:, None]
-    drstd = drstd[:, None]
+    b = b[None, :]
     h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
     d = h - mu
-    rstd_1 = mean_n + eps
-    dy_1 = dy.astype(jnp.float32)
-    dy_2 = dy_1 * w
-    drstd_total = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
-    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
-    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
-    dmu_total = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
-    dh = dd + dmu_total / n
-    dx = dh.astype(jnp.bfloat16)
-    return dx
+    mean_n = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32)
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    mean_n = mean_n.reshape((m,))
+    return y, mu, rstd, mean_n
+
+
+def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    b = b_ref[...]
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(h, axis=1, keepdims=True) / n
+    mu_ref[...] = mu
+    d = h - mu
+    rstd = jax.lax.rsqrt(jnp.sum((d * d), axis=1, keepdims=True) / n + eps)
+    rstd_ref[...] = rstd
+    y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
+    """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = rt.tpu_blocks(
+        _layer_norm_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    rt.check_tiling(
+        "layer_norm",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
+    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="layer_norm",
+    )(x, w, b)
+
+
+def _layer_norm_gpu_kernel(
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
+    d = h - mu
+    rstd = jax.lax.rsqrt(
+        jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+    )
+    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_gpu_options = {None: (1, 4, 1)}
+
+
+def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = rt.gpu_options(
+        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm",
+    )(x, w, b)
+
+
+def _layer_norm_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    b_ref,
+    y_ref,
+    mu_ref,
+    rstd_ref,
+    mu_smem,
+    rstd_smem,
+    y_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+    mu = mean_n
+
+    def reduce_2(indices, x_smem, carry):
+        (mean_over_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
+        mean_over_n_block = d * d
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_over_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
+            )
+        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
+        return (mean_over_n_running,)
+
+    (mean_over_n_running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_over_n = mean_over_n_running / n
+    rstd = jax.lax.rsqrt(mean_over_n + eps)
+    mu_smem[...] = mu
+    rstd_smem[...] = rstd
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, w_smem, b_smem):
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+            jnp.bfloat16
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, b_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = rt.mgpu_pad(w, (padded_n,))
+    b = b.reshape((n,))
+    b = rt.mgpu_pad(b, (padded_n,))
+    y, mu, rstd = plgpu.kernel(
+        functools.partial(
+            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, b)
+    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
+
+
+def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
+    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
+    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
+    residuals mean_n (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need (h, d) from them.
+    """
+    x, w, mu, rstd, mean_n = saved
+    dy, dmu, drstd = cotangents
+    dx = layer_norm_backward(
+        x,
+        w,
+        mu,
+        rstd,
+        mean_n,
+        dy,
+        dmu,
+        drstd,
+        eps=eps,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    dw, db = layer_norm_backward_over_m(
+        x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dx, dw, db
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "w": (jnp.float32, ("N",), (1, "N")),
+        "b": (jnp.float32, ("N",), (1, "N")),
+    },
+    outputs={
+        "y": (jnp.bfloat16, ("M", "N")),
+        "mu": (jnp.float32, ("M",), ("M", 1)),
+        "rstd": (jnp.float32, ("M",), ("M", 1)),
+    },
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_layer_norm_tpu,
+    triton=_layer_norm_gpu,
+    mosaic_gpu=_layer_norm_mosaic_gpu,
+    vjp=_layer_norm_vjp,
+    saves=("x", "w", "mu", "rstd", "mean_n"),
+    residuals=layer_norm_with_residuals,
+)
+def layer_norm(x, w, b, *, eps=1e-05):
+    """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
+    each row had (what a backward pass needs).
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      b: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      eps: a static f32 (default 1e-05).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
+
+    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
+    layer_norm_backward_over_m (_layer_norm_vjp).
+    """
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    b = b[None, :]
+    h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
+    d = h - mu
+    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    return y, mu, rstd
 
 
 def _layer_norm_backward_kernel(
@@ -1525,106 +1259,68 @@ def _layer_norm_backward_mosaic_gpu(
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def layer_norm_backward_over_m(
-    x,
-    mu,
-    rstd,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
-    of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "w": (jnp.float32, ("N",), (1, "N")),
+        "mu": (jnp.float32, ("M",), ("M", 1)),
+        "rstd": (jnp.float32, ("M",), ("M", 1)),
+        "mean_n": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+        "dmu": (jnp.float32, ("M",), ("M", 1)),
+        "drstd": (jnp.float32, ("M",), ("M", 1)),
+    },
+    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_layer_norm_backward_tpu,
+    triton=_layer_norm_backward_gpu,
+    mosaic_gpu=_layer_norm_backward_mosaic_gpu,
+)
+def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, dmu, drstd, those of its outputs.
 
     Args:
       x: bf16[M, N].
+      w: f32[N].
       mu: f32[M].
       rstd: f32[M].
+      mean_n: f32[M].
       dy: bf16[M, N].
+      dmu: f32[M].
+      drstd: f32[M].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
         grown to large steps (rt.grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      eps: a static f32 (default 1e-05).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dw: f32[N]; db: f32[N].
+      dx: bf16[M, N].
     """
-    (x, mu, rstd, dy), sizes = rt.operands(
-        "layer_norm_backward_over_m",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "mu": (mu, jnp.float32, ("M",)),
-            "rstd": (rstd, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "layer_norm_backward_over_m",
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "layer_norm_backward_over_m",
-            sizes,
-            layer_norm_backward_over_m_reference,
-            (((n,), jnp.float32), ((n,), jnp.float32)),
-            x,
-            mu,
-            rstd,
-            dy,
-        )
-    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
-    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
-    dw, db = rt.on_platform(
-        "layer_norm_backward_over_m",
-        (x, mu, rstd, dy),
-        tpu=functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _layer_norm_backward_over_m_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    db = db.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dw, db
-
-
-def layer_norm_backward_over_m_reference(x, mu, rstd, dy):
-    """`layer_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
+    w = w[None, :]
     mu = mu[:, None]
     rstd = rstd[:, None]
+    mean_n = mean_n[:, None]
+    dmu = dmu[:, None]
+    drstd = drstd[:, None]
     h = x.astype(jnp.float32)
     d = h - mu
-    y_1 = d * rstd
+    rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
-    dw = jnp.sum((dy_1 * y_1), axis=0, keepdims=True, dtype=jnp.float32)
-    db = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
-    dw = dw.reshape((n,))
-    db = db.reshape((n,))
-    return dw, db
+    dy_2 = dy_1 * w
+    drstd_total = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
+    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_total = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
+    dh = dd + dmu_total / n
+    dx = dh.astype(jnp.bfloat16)
+    return dx
 
 
 def _layer_norm_backward_over_m_kernel(
@@ -1945,449 +1641,51 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
 
 
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def rms_norm(
-    x,
-    w,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-06,
-    interpret=None,
-):
-    """RMSNorm over the last dimension (Llama's), computed in f32.
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "mu": (jnp.float32, ("M",), ("M", 1)),
+        "rstd": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dw": (jnp.float32, ("N",), (1, "N")), "db": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_layer_norm_backward_over_m_tpu,
+    triton=_layer_norm_backward_over_m_gpu,
+    mosaic_gpu=_layer_norm_backward_over_m_mosaic_gpu,
+)
+def layer_norm_backward_over_m(x, mu, rstd, dy):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
+    of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Args:
       x: bf16[M, N].
-      w: f32[N].
+      mu: f32[M].
+      rstd: f32[M].
+      dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      eps: a static f32 (default 1e-06).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: bf16[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
-    rms_norm_backward_over_m (_rms_norm_vjp).
+      dw: f32[N]; db: f32[N].
     """
-    (x, w), sizes = rt.operands(
-        "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
-    )
-    rt.check_blocks("rms_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rms_norm", sizes, rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps
-        )
-    return rt.differentiable(
-        functools.partial(
-            _rms_norm_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            eps=eps,
-            interpret=interpret,
-        ),
-        functools.partial(_rms_norm_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        w,
-        saving=functools.partial(
-            _rms_norm_saving,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            eps=eps,
-            interpret=interpret,
-        ),
-    )
-
-
-def rms_norm_reference(x, w, *, eps=1e-06):
-    """`rms_norm` in plain jax.numpy, to test the kernel against."""
-    w = w[None, :]
-    h = x.astype(jnp.float32)
-    y = (
-        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
-    ).astype(jnp.bfloat16)
-    return y
-
-
-def _rms_norm_forward(
-    x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
-):
-    """`rms_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    return rt.on_platform(
-        "rms_norm",
-        (x, w),
-        tpu=functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _rms_norm_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _rms_norm_saving(
-    x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
-):
-    """`rms_norm` forward under jax.grad, by rms_norm_with_residuals: its outputs, and what its
-    backward kernels read (x, w, mean_n).
-    """
-    y, mean_n = rms_norm_with_residuals(
-        x,
-        w,
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        eps=eps,
-        interpret=interpret,
-    )
-    return y, (x, w, mean_n)
-
-
-def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
-    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (h) from
-    them.
-    """
-    x, w, mean_n = saved
-    dy = cotangents
-    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
-    dw = rms_norm_backward_over_m(
-        x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return dx, dw
-
-
-def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    h = x.astype(jnp.float32)
-    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(
-        jnp.bfloat16
-    )
-
-
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rms_norm_tpu_blocks = {
-    None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
-}
-
-
-def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rms_norm",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32
-    # B) + mean's 32-bit copy of a block 64 B + let h 64 B.
-    return pl.pallas_call(
-        functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),
-        ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 2
-        ),
-        interpret=interpret,
-        name="rms_norm",
-    )(x, w)
-
-
-def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
-    h = x.astype(jnp.float32)
-    rt.store(
-        y_ref,
-        (
-            h
-            * jax.lax.rsqrt(
-                jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-            )
-            * w
-        ).astype(jnp.bfloat16),
-        inside,
-    )
-
-
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_rms_norm_gpu_options = {None: (1, 4, 1)}
-
-
-def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
-        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    return pl.pallas_call(
-        functools.partial(
-            _rms_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
-        ),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
-        ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="rms_norm",
-    )(x, w)
-
-
-def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, block_n, n, eps):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (mean_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        mean_n_block = h * h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
-        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
-        return (mean_n_running,)
-
-    (mean_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_n = mean_n_running / n
-
-    def write(indices, x_smem, w_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
-        h = x.astype(jnp.float32)
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
-        ).astype(jnp.bfloat16)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, w_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    w = w.reshape((n,))
-    w = rt.mgpu_pad(w, (padded_n,))
-    (y,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.bfloat16,
-                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x, w)
-    return y[:m, :n]
-
-
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def rms_norm_with_residuals(
-    x,
-    w,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-06,
-    interpret=None,
-):
-    """`rms_norm` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (mean_n).
-
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: bf16[M, N]; mean_n: f32[M].
-    """
-    (x, w), sizes = rt.operands(
-        "rms_norm_with_residuals",
-        {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))},
-    )
-    rt.check_blocks(
-        "rms_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rms_norm_with_residuals",
-            sizes,
-            rms_norm_with_residuals_reference,
-            (((m, n), jnp.bfloat16), ((m,), jnp.float32)),
-            x,
-            w,
-            eps=eps,
-        )
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    y, mean_n = rt.on_platform(
-        "rms_norm_with_residuals",
-        (x, w),
-        tpu=functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _rms_norm_with_residuals_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return y, mean_n
-
-
-def rms_norm_with_residuals_reference(x, w, *, eps=1e-06):
-    """`rms_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    w = w[None, :]
+    mu = mu[:, None]
+    rstd = rstd[:, None]
     h = x.astype(jnp.float32)
-    mean_n = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
-    y = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
-    mean_n = mean_n.reshape((m,))
-    return y, mean_n
+    d = h - mu
+    y_1 = d * rstd
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_1), axis=0, keepdims=True, dtype=jnp.float32)
+    db = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    db = db.reshape((n,))
+    return dw, db
 
 
 def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, block_m, eps):
@@ -2637,31 +1935,24 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n], mean_n[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def rms_norm_backward(
-    x,
-    w,
-    mean_n,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-06,
-    interpret=None,
-):
-    """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
+    outputs={"y": (jnp.bfloat16, ("M", "N")), "mean_n": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_rms_norm_with_residuals_tpu,
+    triton=_rms_norm_with_residuals_gpu,
+    mosaic_gpu=_rms_norm_with_residuals_mosaic_gpu,
+)
+def rms_norm_with_residuals(x, w, *, eps=1e-06):
+    """`rms_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
 
     Args:
       x: bf16[M, N].
       w: f32[N].
-      mean_n: f32[M].
-      dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -2669,67 +1960,293 @@ def rms_norm_backward(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: bf16[M, N].
+      y: bf16[M, N]; mean_n: f32[M].
     """
-    (x, w, mean_n, dy), sizes = rt.operands(
-        "rms_norm_backward",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "w": (w, jnp.float32, ("N",)),
-            "mean_n": (mean_n, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks("rms_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rms_norm_backward",
-            sizes,
-            rms_norm_backward_reference,
-            (((m, n), jnp.bfloat16),),
-            x,
-            w,
-            mean_n,
-            dy,
-            eps=eps,
-        )
-    w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
-    return rt.on_platform(
-        "rms_norm_backward",
-        (x, w, mean_n, dy),
-        tpu=functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _rms_norm_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def rms_norm_backward_reference(x, w, mean_n, dy, *, eps=1e-06):
-    """`rms_norm_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     w = w[None, :]
-    mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
-    y_2 = mean_n + eps
-    y_3 = jax.lax.rsqrt(y_2)
-    dy_1 = dy.astype(jnp.float32)
-    dy_2 = dy_1 * w
-    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True, dtype=jnp.float32) * (-0.5 * (y_3 / y_2)) / n
-    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
-    dx = dh.astype(jnp.bfloat16)
-    return dx
+    mean_n = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
+    y = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
+    mean_n = mean_n.reshape((m,))
+    return y, mean_n
+
+
+def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    h = x.astype(jnp.float32)
+    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(
+        jnp.bfloat16
+    )
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
+    """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = rt.tpu_blocks(
+        _rms_norm_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    rt.check_tiling(
+        "rms_norm",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B) + mean's 32-bit copy of a block 64 B + let h 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 2
+        ),
+        interpret=interpret,
+        name="rms_norm",
+    )(x, w)
+
+
+def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    rt.store(
+        y_ref,
+        (
+            h
+            * jax.lax.rsqrt(
+                jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+            )
+            * w
+        ).astype(jnp.bfloat16),
+        inside,
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_gpu_options = {None: (1, 4, 1)}
+
+
+def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = rt.gpu_options(
+        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm",
+    )(x, w)
+
+
+def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, block_n, n, eps):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h * h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+
+    def write(indices, x_smem, w_smem):
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (
+            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = rt.mgpu_pad(w, (padded_n,))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w)
+    return y[:m, :n]
+
+
+def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
+    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
+    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (h) from
+    them.
+    """
+    x, w, mean_n = saved
+    dy = cotangents
+    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
+    dw = rms_norm_backward_over_m(
+        x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return dx, dw
+
+
+@rt.kernel(
+    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
+    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_rms_norm_tpu,
+    triton=_rms_norm_gpu,
+    mosaic_gpu=_rms_norm_mosaic_gpu,
+    vjp=_rms_norm_vjp,
+    saves=("x", "w", "mean_n"),
+    residuals=rms_norm_with_residuals,
+)
+def rms_norm(x, w, *, eps=1e-06):
+    """RMSNorm over the last dimension (Llama's), computed in f32.
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      eps: a static f32 (default 1e-06).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
+    rms_norm_backward_over_m (_rms_norm_vjp).
+    """
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    y = (
+        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
+    ).astype(jnp.bfloat16)
+    return y
 
 
 def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
@@ -3028,30 +2545,31 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords(params={"eps": jnp.float32})
-def rms_norm_backward_over_m(
-    x,
-    mean_n,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    eps=1e-06,
-    interpret=None,
-):
-    """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "w": (jnp.float32, ("N",), (1, "N")),
+        "mean_n": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_rms_norm_backward_tpu,
+    triton=_rms_norm_backward_gpu,
+    mosaic_gpu=_rms_norm_backward_mosaic_gpu,
+)
+def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
 
     Args:
       x: bf16[M, N].
+      w: f32[N].
       mean_n: f32[M].
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
         grown to large steps (rt.grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -3059,71 +2577,21 @@ def rms_norm_backward_over_m(
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dw: f32[N].
+      dx: bf16[M, N].
     """
-    (x, mean_n, dy), sizes = rt.operands(
-        "rms_norm_backward_over_m",
-        {
-            "x": (x, jnp.bfloat16, ("M", "N")),
-            "mean_n": (mean_n, jnp.float32, ("M",)),
-            "dy": (dy, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "rms_norm_backward_over_m",
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "rms_norm_backward_over_m",
-            sizes,
-            rms_norm_backward_over_m_reference,
-            (((n,), jnp.float32),),
-            x,
-            mean_n,
-            dy,
-            eps=eps,
-        )
-    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
-    dw = rt.on_platform(
-        "rms_norm_backward_over_m",
-        (x, mean_n, dy),
-        tpu=functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        triton=functools.partial(
-            _rms_norm_backward_over_m_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
-        ),
-        mosaic_gpu=functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dw
-
-
-def rms_norm_backward_over_m_reference(x, mean_n, dy, *, eps=1e-06):
-    """`rms_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
+    w = w[None, :]
     mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
-    y_1 = mean_n + eps
-    y_2 = jax.lax.rsqrt(y_1)
-    y_3 = h * y_2
+    y_2 = mean_n + eps
+    y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
-    dw = jnp.sum((dy_1 * y_3), axis=0, keepdims=True, dtype=jnp.float32)
-    dw = dw.reshape((n,))
-    return dw
+    dy_2 = dy_1 * w
+    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True, dtype=jnp.float32) * (-0.5 * (y_3 / y_2)) / n
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    dx = dh.astype(jnp.bfloat16)
+    return dx
 
 
 def _rms_norm_backward_over_m_kernel(
@@ -3380,3 +2848,48 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
         interpret=interpret,
     )(x, mean_n, dy)
     return dw[:n].reshape((1, n))
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.bfloat16, ("M", "N")),
+        "mean_n": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.bfloat16, ("M", "N")),
+    },
+    outputs={"dw": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"M": "m", "N": "n"},
+    params={"eps": jnp.float32},
+    tpu=_rms_norm_backward_over_m_tpu,
+    triton=_rms_norm_backward_over_m_gpu,
+    mosaic_gpu=_rms_norm_backward_over_m_mosaic_gpu,
+)
+def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      mean_n: f32[M].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      eps: a static f32 (default 1e-06).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dw: f32[N].
+    """
+    m = x.shape[0]
+    n = x.shape[1]
+    mean_n = mean_n[:, None]
+    h = x.astype(jnp.float32)
+    y_1 = mean_n + eps
+    y_2 = jax.lax.rsqrt(y_1)
+    y_3 = h * y_2
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_3), axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    return dw

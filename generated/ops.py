@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/ops.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,124 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def add_f32(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `add_f32` Pallas kernel.
-
-    Args:
-      x: f32[M, N].
-      y: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      z: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
-    """
-    (x, y), sizes = rt.operands(
-        "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "add_f32",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "add_f32", sizes, add_f32_reference, (((m, n), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _add_f32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_add_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def add_f32_reference(x, y):
-    """`add_f32` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
-
-
-def _add_f32_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`add_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "add_f32",
-        (x, y),
-        tpu=functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _add_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
-    """
-    dz = cotangents
-    dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
 
 
 # Also `add_i32`'s: the same code, written once.
@@ -309,76 +191,45 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def add_f32_backward(
-    dz,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
+def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    dz = cotangents
+    dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
+    outputs={"z": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_add_f32_tpu,
+    triton=_add_f32_gpu,
+    mosaic_gpu=_add_f32_mosaic_gpu,
+    vjp=_add_f32_vjp,
+)
+def add_f32(x, y):
+    """The `add_f32` Pallas kernel.
 
     Args:
-      dz: f32[M, N].
+      x: f32[M, N].
+      y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N]; dy: f32[M, N].
+      z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
-    (dz,), sizes = rt.operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "add_f32_backward",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "add_f32_backward",
-            sizes,
-            add_f32_backward_reference,
-            (((m, n), jnp.float32), ((m, n), jnp.float32)),
-            dz,
-        )
-    return rt.on_platform(
-        "add_f32_backward",
-        (dz,),
-        tpu=functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _add_f32_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def add_f32_backward_reference(dz):
-    """`add_f32_backward` in plain jax.numpy, to test the kernel against."""
-    dx = dz
-    dy = dz
-    return dx, dy
+    z = x + y
+    return z
 
 
 def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
@@ -562,122 +413,32 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def mul_f32(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `mul_f32` Pallas kernel.
+@rt.kernel(
+    inputs={"dz": (jnp.float32, ("M", "N"))},
+    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_add_f32_backward_tpu,
+    triton=_add_f32_backward_gpu,
+    mosaic_gpu=_add_f32_backward_mosaic_gpu,
+)
+def add_f32_backward(dz):
+    """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
 
     Args:
-      x: f32[M, N].
-      y: f32[M, N].
+      dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
+      dx: f32[M, N]; dy: f32[M, N].
     """
-    (x, y), sizes = rt.operands(
-        "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "mul_f32",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "mul_f32", sizes, mul_f32_reference, (((m, n), jnp.float32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _mul_f32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_mul_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def mul_f32_reference(x, y):
-    """`mul_f32` in plain jax.numpy, to test the kernel against."""
-    z = x * y
-    return z
-
-
-def _mul_f32_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`mul_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "mul_f32",
-        (x, y),
-        tpu=functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _mul_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
-    """
-    x, y = saved
-    dz = cotangents
-    dx, dy = mul_f32_backward(x, y, dz, gpu_backend=gpu_backend, interpret=interpret)
+    dx = dz
+    dy = dz
     return dx, dy
 
 
@@ -852,89 +613,46 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def mul_f32_backward(
-    x,
-    y,
-    dz,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
+def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dx, dy = mul_f32_backward(x, y, dz, gpu_backend=gpu_backend, interpret=interpret)
+    return dx, dy
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
+    outputs={"z": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_mul_f32_tpu,
+    triton=_mul_f32_gpu,
+    mosaic_gpu=_mul_f32_mosaic_gpu,
+    vjp=_mul_f32_vjp,
+)
+def mul_f32(x, y):
+    """The `mul_f32` Pallas kernel.
 
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N]; dy: f32[M, N].
+      z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
-    (x, y, dz), sizes = rt.operands(
-        "mul_f32_backward",
-        {
-            "x": (x, jnp.float32, ("M", "N")),
-            "y": (y, jnp.float32, ("M", "N")),
-            "dz": (dz, jnp.float32, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "mul_f32_backward",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "mul_f32_backward",
-            sizes,
-            mul_f32_backward_reference,
-            (((m, n), jnp.float32), ((m, n), jnp.float32)),
-            x,
-            y,
-            dz,
-        )
-    return rt.on_platform(
-        "mul_f32_backward",
-        (x, y, dz),
-        tpu=functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _mul_f32_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def mul_f32_backward_reference(x, y, dz):
-    """`mul_f32_backward` in plain jax.numpy, to test the kernel against."""
-    dx = dz * y
-    dy = dz * x
-    return dx, dy
+    z = x * y
+    return z
 
 
 def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
@@ -1146,96 +864,39 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def argmax_f32(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `argmax_f32` Pallas kernel.
+@rt.kernel(
+    inputs={
+        "x": (jnp.float32, ("M", "N")),
+        "y": (jnp.float32, ("M", "N")),
+        "dz": (jnp.float32, ("M", "N")),
+    },
+    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_mul_f32_backward_tpu,
+    triton=_mul_f32_backward_gpu,
+    mosaic_gpu=_mul_f32_backward_mosaic_gpu,
+)
+def mul_f32_backward(x, y, dz):
+    """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
+      y: f32[M, N].
+      dz: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      i: i32[M].
-
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+      dx: f32[M, N]; dy: f32[M, N].
     """
-    (x,), sizes = rt.operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmax_f32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "argmax_f32", sizes, argmax_f32_reference, (((m,), jnp.int32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _argmax_f32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmax_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmax_f32_reference(x):
-    """`argmax_f32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
-
-
-def _argmax_f32_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmax_f32",
-        (x,),
-        tpu=functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _argmax_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return (None,)
+    dx = dz * y
+    dy = dz * x
+    return dx, dy
 
 
 # Also `argmax_i32`'s: the same code, written once.
@@ -1408,98 +1069,45 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def equal_count_f32(
-    x,
-    y,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `equal_count_f32` Pallas kernel.
+def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmax_f32_tpu,
+    triton=_argmax_f32_gpu,
+    mosaic_gpu=_argmax_f32_mosaic_gpu,
+    vjp=_argmax_f32_vjp,
+)
+def argmax_f32(x):
+    """The `argmax_f32` Pallas kernel.
 
     Args:
-      x: f32[N].
-      y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      n: i32[].
+      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
-    )
-    rt.check_blocks("equal_count_f32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
-    size_n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "equal_count_f32", sizes, equal_count_f32_reference, (((), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _equal_count_f32_forward,
-            size_n=size_n,
-            block_n=block_n,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_equal_count_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def equal_count_f32_reference(x, y):
-    """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
-    size_n = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
-
-
-def _equal_count_f32_forward(
-    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = rt.on_platform(
-        "equal_count_f32",
-        (x, y),
-        tpu=functools.partial(_equal_count_f32_tpu, size_n=size_n, block_n=block_n),
-        triton=functools.partial(
-            _equal_count_f32_gpu,
-            size_n=size_n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_equal_count_f32_mosaic_gpu, size_n=size_n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
-    return n
-
-
-def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
 
 
 # Also `equal_count_i32`'s: the same code, written once.
@@ -1702,120 +1310,45 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@rt.jit_with_static_keywords
-def add_i32(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `add_i32` Pallas kernel.
+def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
+    outputs={"n": (jnp.int32, (), (1,))},
+    sizes={"N": "size_n"},
+    tpu=_equal_count_f32_tpu,
+    triton=_equal_count_f32_gpu,
+    mosaic_gpu=_equal_count_f32_mosaic_gpu,
+    vjp=_equal_count_f32_vjp,
+)
+def equal_count_f32(x, y):
+    """The `equal_count_f32` Pallas kernel.
 
     Args:
-      x: i32[M, N].
-      y: i32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
+      x: f32[N].
+      y: f32[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
+        grown to large steps (rt.grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: i32[M, N].
+      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "add_i32",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "add_i32", sizes, add_i32_reference, (((m, n), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _add_i32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_add_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def add_i32_reference(x, y):
-    """`add_i32` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
-
-
-def _add_i32_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`add_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "add_i32",
-        (x, y),
-        tpu=functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _add_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
-    """
-    return None, None
+    size_n = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
 
 
 # TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
@@ -1971,27 +1504,30 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def mul_i32(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `mul_i32` Pallas kernel.
+def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
+    outputs={"z": (jnp.int32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_add_i32_tpu,
+    triton=_add_i32_gpu,
+    mosaic_gpu=_add_i32_mosaic_gpu,
+    vjp=_add_i32_vjp,
+)
+def add_i32(x, y):
+    """The `add_i32` Pallas kernel.
 
     Args:
       x: i32[M, N].
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -2003,88 +1539,8 @@ def mul_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "mul_i32",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "mul_i32", sizes, mul_i32_reference, (((m, n), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _mul_i32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_mul_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def mul_i32_reference(x, y):
-    """`mul_i32` in plain jax.numpy, to test the kernel against."""
-    z = x * y
+    z = x + y
     return z
-
-
-def _mul_i32_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`mul_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "mul_i32",
-        (x, y),
-        tpu=functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _mul_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
-    """
-    return None, None
 
 
 # TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
@@ -2240,96 +1696,43 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def argmax_i32(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `argmax_i32` Pallas kernel.
+def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
+    outputs={"z": (jnp.int32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_mul_i32_tpu,
+    triton=_mul_i32_gpu,
+    mosaic_gpu=_mul_i32_mosaic_gpu,
+    vjp=_mul_i32_vjp,
+)
+def mul_i32(x, y):
+    """The `mul_i32` Pallas kernel.
 
     Args:
       x: i32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
+      y: i32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      i: i32[M].
+      z: i32[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = rt.operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
-    rt.check_blocks("argmax_i32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "argmax_i32", sizes, argmax_i32_reference, (((m,), jnp.int32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _argmax_i32_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmax_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmax_i32_reference(x):
-    """`argmax_i32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
-
-
-def _argmax_i32_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmax_i32",
-        (x,),
-        tpu=functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _argmax_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return (None,)
+    z = x * y
+    return z
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -2496,98 +1899,45 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def equal_count_i32(
-    x,
-    y,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `equal_count_i32` Pallas kernel.
+def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int32, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmax_i32_tpu,
+    triton=_argmax_i32_gpu,
+    mosaic_gpu=_argmax_i32_mosaic_gpu,
+    vjp=_argmax_i32_vjp,
+)
+def argmax_i32(x):
+    """The `argmax_i32` Pallas kernel.
 
     Args:
-      x: i32[N].
-      y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
+      x: i32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      n: i32[].
+      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
-    )
-    rt.check_blocks("equal_count_i32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
-    size_n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "equal_count_i32", sizes, equal_count_i32_reference, (((), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _equal_count_i32_forward,
-            size_n=size_n,
-            block_n=block_n,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_equal_count_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def equal_count_i32_reference(x, y):
-    """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
-    size_n = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
-
-
-def _equal_count_i32_forward(
-    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = rt.on_platform(
-        "equal_count_i32",
-        (x, y),
-        tpu=functools.partial(_equal_count_i32_tpu, size_n=size_n, block_n=block_n),
-        triton=functools.partial(
-            _equal_count_i32_gpu,
-            size_n=size_n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_equal_count_i32_mosaic_gpu, size_n=size_n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
-    return n
-
-
-def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
 
 
 # TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
@@ -2745,118 +2095,45 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@rt.jit_with_static_keywords
-def add_i8(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `add_i8` Pallas kernel.
+def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
+    outputs={"n": (jnp.int32, (), (1,))},
+    sizes={"N": "size_n"},
+    tpu=_equal_count_i32_tpu,
+    triton=_equal_count_i32_gpu,
+    mosaic_gpu=_equal_count_i32_mosaic_gpu,
+    vjp=_equal_count_i32_vjp,
+)
+def equal_count_i32(x, y):
+    """The `equal_count_i32` Pallas kernel.
 
     Args:
-      x: i8[M, N].
-      y: i8[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 512.
+      x: i32[N].
+      y: i32[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
+        grown to large steps (rt.grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      z: i8[M, N].
+      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "add_i8",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements("add_i8", sizes, add_i8_reference, (((m, n), jnp.int8),), x, y)
-    return rt.differentiable(
-        functools.partial(
-            _add_i8_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_add_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def add_i8_reference(x, y):
-    """`add_i8` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
-
-
-def _add_i8_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`add_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "add_i8",
-        (x, y),
-        tpu=functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _add_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
-    """
-    return None, None
+    size_n = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
 
 
 def _add_i8_kernel(x_ref, y_ref, z_ref):
@@ -3018,27 +2295,30 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def mul_i8(
-    x,
-    y,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `mul_i8` Pallas kernel.
+def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
+    outputs={"z": (jnp.int8, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_add_i8_tpu,
+    triton=_add_i8_gpu,
+    mosaic_gpu=_add_i8_mosaic_gpu,
+    vjp=_add_i8_vjp,
+)
+def add_i8(x, y):
+    """The `add_i8` Pallas kernel.
 
     Args:
       x: i8[M, N].
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
@@ -3050,86 +2330,8 @@ def mul_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "mul_i8",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements("mul_i8", sizes, mul_i8_reference, (((m, n), jnp.int8),), x, y)
-    return rt.differentiable(
-        functools.partial(
-            _mul_i8_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_mul_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def mul_i8_reference(x, y):
-    """`mul_i8` in plain jax.numpy, to test the kernel against."""
-    z = x * y
+    z = x + y
     return z
-
-
-def _mul_i8_forward(
-    x,
-    y,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`mul_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "mul_i8",
-        (x, y),
-        tpu=functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _mul_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
-    """
-    return None, None
 
 
 def _mul_i8_kernel(x_ref, y_ref, z_ref):
@@ -3291,94 +2493,43 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def argmax_i8(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `argmax_i8` Pallas kernel.
+def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
+    outputs={"z": (jnp.int8, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_mul_i8_tpu,
+    triton=_mul_i8_gpu,
+    mosaic_gpu=_mul_i8_mosaic_gpu,
+    vjp=_mul_i8_vjp,
+)
+def mul_i8(x, y):
+    """The `mul_i8` Pallas kernel.
 
     Args:
       x: i8[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
+      y: i8[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
+        grown to large steps (rt.grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      i: i32[M].
+      z: i8[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = rt.operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
-    rt.check_blocks("argmax_i8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements("argmax_i8", sizes, argmax_i8_reference, (((m,), jnp.int32),), x)
-    return rt.differentiable(
-        functools.partial(
-            _argmax_i8_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmax_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmax_i8_reference(x):
-    """`argmax_i8` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
-
-
-def _argmax_i8_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmax_i8",
-        (x,),
-        tpu=functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _argmax_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
-    """
-    return (None,)
+    z = x * y
+    return z
 
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -3552,98 +2703,45 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def equal_count_i8(
-    x,
-    y,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The `equal_count_i8` Pallas kernel.
+def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int8, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmax_i8_tpu,
+    triton=_argmax_i8_gpu,
+    mosaic_gpu=_argmax_i8_mosaic_gpu,
+    vjp=_argmax_i8_vjp,
+)
+def argmax_i8(x):
+    """The `argmax_i8` Pallas kernel.
 
     Args:
-      x: i8[N].
-      y: i8[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
+      x: i8[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
+        grown to large steps (rt.grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      n: i32[].
+      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = rt.operands(
-        "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
-    )
-    rt.check_blocks("equal_count_i8", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
-    size_n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "equal_count_i8", sizes, equal_count_i8_reference, (((), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _equal_count_i8_forward,
-            size_n=size_n,
-            block_n=block_n,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_equal_count_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def equal_count_i8_reference(x, y):
-    """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
-    size_n = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
-
-
-def _equal_count_i8_forward(
-    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = rt.on_platform(
-        "equal_count_i8",
-        (x, y),
-        tpu=functools.partial(_equal_count_i8_tpu, size_n=size_n, block_n=block_n),
-        triton=functools.partial(
-            _equal_count_i8_gpu,
-            size_n=size_n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_equal_count_i8_mosaic_gpu, size_n=size_n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
-    return n
-
-
-def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
 
 
 def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
@@ -3817,3 +2915,44 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     sum_n = jnp.sum(sum_partials)
     n = sum_n
     return jnp.asarray(n, jnp.int32).reshape((1,))
+
+
+def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int8, ("N",)), "y": (jnp.int8, ("N",))},
+    outputs={"n": (jnp.int32, (), (1,))},
+    sizes={"N": "size_n"},
+    tpu=_equal_count_i8_tpu,
+    triton=_equal_count_i8_gpu,
+    mosaic_gpu=_equal_count_i8_mosaic_gpu,
+    vjp=_equal_count_i8_vjp,
+)
+def equal_count_i8(x, y):
+    """The `equal_count_i8` Pallas kernel.
+
+    Args:
+      x: i8[N].
+      y: i8[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
+        grown to large steps (rt.grown), else 4096.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      n: i32[].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
+    """
+    size_n = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n

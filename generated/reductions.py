@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/reductions.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,98 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def argmax_rows(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The first index of each row's maximum, as jnp.argmax.
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      i: i32[M].
-
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
-    """
-    (x,), sizes = rt.operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmax_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "argmax_rows", sizes, argmax_rows_reference, (((m,), jnp.int32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _argmax_rows_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmax_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmax_rows_reference(x):
-    """`argmax_rows` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
-
-
-def _argmax_rows_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`argmax_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmax_rows",
-        (x,),
-        tpu=functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _argmax_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return (None,)
 
 
 def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -282,27 +190,30 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def argmax_blocked(
-    x,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """argmax_rows over rows too long for one block: N is reduced step by step, each step's
-    running maximum kept with its first index (ties keep the earlier block's).
+def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmax_rows_tpu,
+    triton=_argmax_rows_gpu,
+    mosaic_gpu=_argmax_rows_mosaic_gpu,
+    vjp=_argmax_rows_vjp,
+)
+def argmax_rows(x):
+    """The first index of each row's maximum, as jnp.argmax.
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
-        grown to large steps (rt.grown), else 8, 512.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
@@ -313,89 +224,11 @@ def argmax_blocked(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = rt.operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "argmax_blocked",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "argmax_blocked", sizes, argmax_blocked_reference, (((m,), jnp.int32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _argmax_blocked_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmax_blocked_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmax_blocked_reference(x):
-    """`argmax_blocked` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
-
-
-def _argmax_blocked_forward(
-    x,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`argmax_blocked` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmax_blocked",
-        (x,),
-        tpu=functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _argmax_blocked_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return (None,)
 
 
 def _argmax_blocked_kernel(
@@ -577,24 +410,31 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def argmin_rows(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The first index of each row's minimum, as jnp.argmin.
+def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmax_blocked_tpu,
+    triton=_argmax_blocked_gpu,
+    mosaic_gpu=_argmax_blocked_mosaic_gpu,
+    vjp=_argmax_blocked_vjp,
+)
+def argmax_blocked(x):
+    """argmax_rows over rows too long for one block: N is reduced step by step, each step's
+    running maximum kept with its first index (ties keep the earlier block's).
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
+        grown to large steps (rt.grown), else 8, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
@@ -605,68 +445,11 @@ def argmin_rows(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = rt.operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmin_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "argmin_rows", sizes, argmin_rows_reference, (((m,), jnp.int32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _argmin_rows_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_argmin_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def argmin_rows_reference(x):
-    """`argmin_rows` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    i = jnp.argmin(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
-
-
-def _argmin_rows_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`argmin_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = rt.on_platform(
-        "argmin_rows",
-        (x,),
-        tpu=functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _argmin_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return i
-
-
-def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return (None,)
 
 
 def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -838,123 +621,45 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def column_sums(
-    x,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The sum of each column, over row blocks: M is reduced step by step.
+def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_argmin_rows_tpu,
+    triton=_argmin_rows_gpu,
+    mosaic_gpu=_argmin_rows_mosaic_gpu,
+    vjp=_argmin_rows_vjp,
+)
+def argmin_rows(x):
+    """The first index of each row's minimum, as jnp.argmin.
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
-        grown to large steps (rt.grown), else 512, 512.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      s: f32[N].
+      i: i32[M].
 
-    Gradients: jax.grad runs the generated backward kernels column_sums_backward
-    (_column_sums_vjp).
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
-    (x,), sizes = rt.operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "column_sums",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "column_sums", sizes, column_sums_reference, (((n,), jnp.float32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _column_sums_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-            gpu_block_m=gpu_block_m,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_column_sums_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-    )
-
-
-def column_sums_reference(x):
-    """`column_sums` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    s = jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
-    s = s.reshape((n,))
-    return s
-
-
-def _column_sums_forward(
-    x,
-    *,
-    m,
-    n,
-    block_m,
-    block_n,
-    gpu_block_m,
-    gpu_block_n,
-    gpu_warps,
-    gpu_stages,
-    gpu_backend,
-    interpret,
-):
-    """`column_sums` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    s = rt.on_platform(
-        "column_sums",
-        (x,),
-        tpu=functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        triton=functools.partial(
-            _column_sums_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    s = s.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return s
-
-
-def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
-    and nothing else: the backward kernels recompute the values they need from them.
-    """
-    (x,) = saved
-    ds = cotangents
-    dx = column_sums_backward(x, ds, gpu_backend=gpu_backend, interpret=interpret)
-    return (dx,)
+    i = jnp.argmin(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
 
 
 def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
@@ -1153,86 +858,49 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     return s[:n].reshape((1, n))
 
 
-@rt.jit_with_static_keywords
-def column_sums_backward(
-    x,
-    ds,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `column_sums`, generated from its spec: the cotangents dx
-    of its inputs from ds, those of its outputs.
+def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    (x,) = saved
+    ds = cotangents
+    dx = column_sums_backward(x, ds, gpu_backend=gpu_backend, interpret=interpret)
+    return (dx,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"s": (jnp.float32, ("N",), (1, "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_column_sums_tpu,
+    triton=_column_sums_gpu,
+    mosaic_gpu=_column_sums_mosaic_gpu,
+    vjp=_column_sums_vjp,
+)
+def column_sums(x):
+    """The sum of each column, over row blocks: M is reduced step by step.
 
     Args:
       x: f32[M, N].
-      ds: f32[N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
         grown to large steps (rt.grown), else 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N].
+      s: f32[N].
+
+    Gradients: jax.grad runs the generated backward kernels column_sums_backward
+    (_column_sums_vjp).
     """
-    (x, ds), sizes = rt.operands(
-        "column_sums_backward", {"x": (x, jnp.float32, ("M", "N")), "ds": (ds, jnp.float32, ("N",))}
-    )
-    rt.check_blocks(
-        "column_sums_backward",
-        block_m=block_m,
-        block_n=block_n,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "column_sums_backward",
-            sizes,
-            column_sums_backward_reference,
-            (((m, n), jnp.float32),),
-            x,
-            ds,
-        )
-    ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
-    return rt.on_platform(
-        "column_sums_backward",
-        (x, ds),
-        tpu=functools.partial(
-            _column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        triton=functools.partial(
-            _column_sums_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def column_sums_backward_reference(x, ds):
-    """`column_sums_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    ds = ds[None, :]
-    dx = jnp.broadcast_to(ds, (m, n))
-    return dx
+    s = jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
+    s = s.reshape((n,))
+    return s
 
 
 def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
@@ -1402,451 +1070,36 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def quantize_rows_int8(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
-    that it maps to 127, and rounded half to even.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N")), "ds": (jnp.float32, ("N",), (1, "N"))},
+    outputs={"dx": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_column_sums_backward_tpu,
+    triton=_column_sums_backward_gpu,
+    mosaic_gpu=_column_sums_backward_mosaic_gpu,
+)
+def column_sums_backward(x, ds):
+    """The backward pass of `column_sums`, generated from its spec: the cotangents dx
+    of its inputs from ds, those of its outputs.
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
+      ds: f32[N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      q: i8[M, N]; scale: f32[M].
-
-    Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
-    (_quantize_rows_int8_vjp).
+      dx: f32[M, N].
     """
-    (x,), sizes = rt.operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "quantize_rows_int8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "quantize_rows_int8",
-            sizes,
-            quantize_rows_int8_reference,
-            (((m, n), jnp.int8), ((m,), jnp.float32)),
-            x,
-        )
-    return rt.differentiable(
-        functools.partial(
-            _quantize_rows_int8_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_quantize_rows_int8_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        saving=functools.partial(
-            _quantize_rows_int8_saving,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def quantize_rows_int8_reference(x):
-    """`quantize_rows_int8` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
-    q = jnp.round(x / s).astype(jnp.int8)
-    scale = s
-    scale = scale.reshape((m,))
-    return q, scale
-
-
-def _quantize_rows_int8_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`quantize_rows_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    q, scale = rt.on_platform(
-        "quantize_rows_int8",
-        (x,),
-        tpu=functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _quantize_rows_int8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return q, scale
-
-
-def _quantize_rows_int8_saving(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`quantize_rows_int8` forward under jax.grad, by quantize_rows_int8_with_residuals: its
-    outputs, and what its backward kernels read (x, max_n, argmax_n).
-    """
-    q, scale, max_n, argmax_n = quantize_rows_int8_with_residuals(
-        x,
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return (q, scale), (x, max_n, argmax_n)
-
-
-def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
-    its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
-    """
-    x, max_n, argmax_n = saved
-    _, dscale = cotangents
-    dx = quantize_rows_int8_backward(
-        x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return (dx,)
-
-
-def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
-    x = x_ref[...]
-    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
-    q_ref[...] = jnp.round(x / s).astype(jnp.int8)
-    scale_ref[...] = s
-
-
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_quantize_rows_int8_tpu_blocks = {
-    None: {"default": (32,)},
-    "v5e": {"default": (32,)},
-    "v6e": {"default": (32,)},
-}
-
-
-def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "quantize_rows_int8",
-        block_m=(
-            block_m,
-            m,
-            32,
-            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B +
-    # scale 128 B) + max's 32-bit copy of a block 128 B + let s 128 B.
-    return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-        ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4
-        ),
-        interpret=interpret,
-        name="quantize_rows_int8",
-    )(x)
-
-
-def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    s = (
-        jnp.maximum(
-            jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30
-        )
-        / 127
-    )
-    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
-
-
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
-
-
-def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
-        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    return pl.pallas_call(
-        functools.partial(
-            _quantize_rows_int8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
-        ),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        out_specs=(
-            # q: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-            # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-        ),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="quantize_rows_int8",
-    )(x)
-
-
-def _quantize_rows_int8_mosaic_gpu_kernel(
-    x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n
-):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (max_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n_block = jnp.abs(x)
-        if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
-        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
-        return (max_n_running,)
-
-    (max_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
-    )(x_ref)
-    max_n = max_n_running
-    s = jnp.maximum(max_n, 1e-30) / 127
-    scale = s
-    scale_smem[...] = scale
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        q_buffers[slot] = jnp.round(x / rt.mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    q, scale = plgpu.kernel(
-        functools.partial(
-            _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
-            ),
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return q[:m, :n], scale[:m].reshape((m, 1))
-
-
-@rt.jit_with_static_keywords
-def quantize_rows_int8_with_residuals(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """`quantize_rows_int8` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (max_n, argmax_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
-    """
-    (x,), sizes = rt.operands(
-        "quantize_rows_int8_with_residuals", {"x": (x, jnp.float32, ("M", "N"))}
-    )
-    rt.check_blocks(
-        "quantize_rows_int8_with_residuals",
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "quantize_rows_int8_with_residuals",
-            sizes,
-            quantize_rows_int8_with_residuals_reference,
-            (((m, n), jnp.int8), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32)),
-            x,
-        )
-    q, scale, max_n, argmax_n = rt.on_platform(
-        "quantize_rows_int8_with_residuals",
-        (x,),
-        tpu=functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _quantize_rows_int8_with_residuals_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    argmax_n = argmax_n.reshape(
-        (m,)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return q, scale, max_n, argmax_n
-
-
-def quantize_rows_int8_with_residuals_reference(x):
-    """`quantize_rows_int8_with_residuals` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    s = jnp.maximum(max_n, 1e-30) / 127
-    q = jnp.round(x / s).astype(jnp.int8)
-    scale = s
-    argmax_n = jnp.argmax(jnp.abs(x), axis=1, keepdims=True).astype(jnp.int32)
-    scale = scale.reshape((m,))
-    max_n = max_n.reshape((m,))
-    argmax_n = argmax_n.reshape((m,))
-    return q, scale, max_n, argmax_n
+    ds = ds[None, :]
+    dx = jnp.broadcast_to(ds, (m, n))
+    return dx
 
 
 def _quantize_rows_int8_with_residuals_kernel(
@@ -2147,105 +1400,326 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@rt.jit_with_static_keywords
-def quantize_rows_int8_backward(
-    x,
-    max_n,
-    argmax_n,
-    dscale,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
-    of its inputs from dscale, those of its outputs.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={
+        "q": (jnp.int8, ("M", "N")),
+        "scale": (jnp.float32, ("M",), ("M", 1)),
+        "max_n": (jnp.float32, ("M",), ("M", 1)),
+        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
+    },
+    sizes={"M": "m", "N": "n"},
+    tpu=_quantize_rows_int8_with_residuals_tpu,
+    triton=_quantize_rows_int8_with_residuals_gpu,
+    mosaic_gpu=_quantize_rows_int8_with_residuals_mosaic_gpu,
+)
+def quantize_rows_int8_with_residuals(x):
+    """`quantize_rows_int8` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (max_n, argmax_n).
 
     Args:
       x: f32[M, N].
-      max_n: f32[M].
-      argmax_n: i32[M].
-      dscale: f32[M].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N].
+      q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
     """
-    (x, max_n, argmax_n, dscale), sizes = rt.operands(
-        "quantize_rows_int8_backward",
-        {
-            "x": (x, jnp.float32, ("M", "N")),
-            "max_n": (max_n, jnp.float32, ("M",)),
-            "argmax_n": (argmax_n, jnp.int32, ("M",)),
-            "dscale": (dscale, jnp.float32, ("M",)),
-        },
-    )
-    rt.check_blocks(
-        "quantize_rows_int8_backward",
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "quantize_rows_int8_backward",
-            sizes,
-            quantize_rows_int8_backward_reference,
-            (((m, n), jnp.float32),),
-            x,
-            max_n,
-            argmax_n,
-            dscale,
-        )
-    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
-    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
-    dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
-    return rt.on_platform(
-        "quantize_rows_int8_backward",
-        (x, max_n, argmax_n, dscale),
-        tpu=functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _quantize_rows_int8_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def quantize_rows_int8_backward_reference(x, max_n, argmax_n, dscale):
-    """`quantize_rows_int8_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    max_n = max_n[:, None]
-    argmax_n = argmax_n[:, None]
-    dscale = dscale[:, None]
-    s_1 = jnp.maximum(max_n, 1e-30)
-    ds_1 = dscale / 127
-    ds_2 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
-        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
-        0,
+    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    s = jnp.maximum(max_n, 1e-30) / 127
+    q = jnp.round(x / s).astype(jnp.int8)
+    scale = s
+    argmax_n = jnp.argmax(jnp.abs(x), axis=1, keepdims=True).astype(jnp.int32)
+    scale = scale.reshape((m,))
+    max_n = max_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    return q, scale, max_n, argmax_n
+
+
+def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
+    x = x_ref[...]
+    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
+    q_ref[...] = jnp.round(x / s).astype(jnp.int8)
+    scale_ref[...] = s
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
+def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
+    """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = rt.tpu_blocks(
+        _quantize_rows_int8_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
+        ),
     )
-    dx = jnp.where(x >= 0, ds_2, -ds_2)
-    return dx
+    block_m = min(block_m, m)  # a small M is one whole block
+    rt.check_tiling(
+        "quantize_rows_int8",
+        block_m=(
+            block_m,
+            m,
+            32,
+            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B) + max's 32-bit copy of a block 128 B + let s 128 B.
+    return pl.pallas_call(
+        functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4
+        ),
+        interpret=interpret,
+        name="quantize_rows_int8",
+    )(x)
+
+
+def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    s = (
+        jnp.maximum(
+            jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30
+        )
+        / 127
+    )
+    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
+    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
+
+
+def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = rt.gpu_options(
+        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _quantize_rows_int8_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="quantize_rows_int8",
+    )(x)
+
+
+def _quantize_rows_int8_mosaic_gpu_kernel(
+    x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = jnp.abs(x)
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+    )(x_ref)
+    max_n = max_n_running
+    s = jnp.maximum(max_n, 1e-30) / 127
+    scale = s
+    scale_smem[...] = scale
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        q_buffers[slot] = jnp.round(x / rt.mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
+    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    q, scale = plgpu.kernel(
+        functools.partial(
+            _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return q[:m, :n], scale[:m].reshape((m, 1))
+
+
+def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
+    by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
+    its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
+    """
+    x, max_n, argmax_n = saved
+    _, dscale = cotangents
+    dx = quantize_rows_int8_backward(
+        x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return (dx,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"q": (jnp.int8, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_quantize_rows_int8_tpu,
+    triton=_quantize_rows_int8_gpu,
+    mosaic_gpu=_quantize_rows_int8_mosaic_gpu,
+    vjp=_quantize_rows_int8_vjp,
+    saves=("x", "max_n", "argmax_n"),
+    residuals=quantize_rows_int8_with_residuals,
+)
+def quantize_rows_int8(x):
+    """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
+    that it maps to 127, and rounded half to even.
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
+        grown to large steps (rt.grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      q: i8[M, N]; scale: f32[M].
+
+    Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
+    (_quantize_rows_int8_vjp).
+    """
+    m = x.shape[0]
+    n = x.shape[1]
+    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
+    q = jnp.round(x / s).astype(jnp.int8)
+    scale = s
+    scale = scale.reshape((m,))
+    return q, scale
 
 
 def _quantize_rows_int8_backward_kernel(
@@ -2469,98 +1943,52 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def equal_count(
-    x,
-    y,
-    *,
-    block_n=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
+@rt.kernel(
+    inputs={
+        "x": (jnp.float32, ("M", "N")),
+        "max_n": (jnp.float32, ("M",), ("M", 1)),
+        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
+        "dscale": (jnp.float32, ("M",), ("M", 1)),
+    },
+    outputs={"dx": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_quantize_rows_int8_backward_tpu,
+    triton=_quantize_rows_int8_backward_gpu,
+    mosaic_gpu=_quantize_rows_int8_backward_mosaic_gpu,
+)
+def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
+    """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
+    of its inputs from dscale, those of its outputs.
 
     Args:
-      x: i32[N].
-      y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
-        grown to large steps (rt.grown), else 1024.
+      x: f32[M, N].
+      max_n: f32[M].
+      argmax_n: i32[M].
+      dscale: f32[M].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      n: i32[].
-
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+      dx: f32[M, N].
     """
-    (x, y), sizes = rt.operands(
-        "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = max_n[:, None]
+    argmax_n = argmax_n[:, None]
+    dscale = dscale[:, None]
+    s_1 = jnp.maximum(max_n, 1e-30)
+    ds_1 = dscale / 127
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
+        0,
     )
-    rt.check_blocks("equal_count", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
-    size_n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "equal_count", sizes, equal_count_reference, (((), jnp.int32),), x, y
-        )
-    return rt.differentiable(
-        functools.partial(
-            _equal_count_forward,
-            size_n=size_n,
-            block_n=block_n,
-            gpu_block_n=gpu_block_n,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_equal_count_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        y,
-    )
-
-
-def equal_count_reference(x, y):
-    """`equal_count` in plain jax.numpy, to test the kernel against."""
-    size_n = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
-
-
-def _equal_count_forward(
-    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`equal_count` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = rt.on_platform(
-        "equal_count",
-        (x, y),
-        tpu=functools.partial(_equal_count_tpu, size_n=size_n, block_n=block_n),
-        triton=functools.partial(
-            _equal_count_gpu,
-            size_n=size_n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_equal_count_mosaic_gpu, size_n=size_n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
-    return n
-
-
-def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
-    """
-    return None, None
+    dx = jnp.where(x >= 0, ds_2, -ds_2)
+    return dx
 
 
 def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
@@ -2757,3 +2185,44 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     sum_n = jnp.sum(sum_partials)
     n = sum_n
     return jnp.asarray(n, jnp.int32).reshape((1,))
+
+
+def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
+
+
+@rt.kernel(
+    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
+    outputs={"n": (jnp.int32, (), (1,))},
+    sizes={"N": "size_n"},
+    tpu=_equal_count_tpu,
+    triton=_equal_count_gpu,
+    mosaic_gpu=_equal_count_mosaic_gpu,
+    vjp=_equal_count_vjp,
+)
+def equal_count(x, y):
+    """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
+
+    Args:
+      x: i32[N].
+      y: i32[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
+        grown to large steps (rt.grown), else 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      n: i32[].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
+    """
+    size_n = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n

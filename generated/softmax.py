@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/softmax.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
@@ -18,416 +18,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
-
-
-@rt.jit_with_static_keywords
-def softmax(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Softmax over the last dimension.
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
-    """
-    (x,), sizes = rt.operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements("softmax", sizes, softmax_reference, (((m, n), jnp.float32),), x)
-    return rt.differentiable(
-        functools.partial(
-            _softmax_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        saving=functools.partial(
-            _softmax_saving,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def softmax_reference(x):
-    """`softmax` in plain jax.numpy, to test the kernel against."""
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    return y
-
-
-def _softmax_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "softmax",
-        (x,),
-        tpu=functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _softmax_gpu, m=m, n=n, block_m=gpu_block_m, num_warps=gpu_warps, num_stages=gpu_stages
-        ),
-        mosaic_gpu=functools.partial(_softmax_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _softmax_saving(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`softmax` forward under jax.grad, by softmax_with_residuals: its outputs, and what its
-    backward kernels read (x, sum_n, argmax_n, max_n).
-    """
-    y, sum_n, argmax_n, max_n = softmax_with_residuals(
-        x,
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return y, (x, sum_n, argmax_n, max_n)
-
-
-def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
-    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
-    save): the backward kernels recompute the values they need (e) from them.
-    """
-    x, sum_n, argmax_n, max_n = saved
-    dy = cotangents
-    dx = softmax_backward(
-        x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    return (dx,)
-
-
-def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
-    x = x_ref[...]
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
-
-
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_softmax_tpu_blocks = {None: {"default": (8,)}, "v5e": {"default": (8,)}, "v6e": {"default": (8,)}}
-
-
-def _softmax_tpu(x, *, m, n, block_m, interpret):
-    """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "softmax",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) +
-    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B.
-    return pl.pallas_call(
-        functools.partial(_softmax_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
-        ),
-        interpret=interpret,
-        name="softmax",
-    )(x)
-
-
-def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    e = jnp.exp(x - jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
-    rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_softmax_gpu_options = {None: (1, 4, 1)}
-
-
-def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
-        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    return pl.pallas_call(
-        functools.partial(_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="softmax",
-    )(x)
-
-
-def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (max_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
-        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
-        return (max_n_running,)
-
-    (max_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
-    )(x_ref)
-    max_n = max_n_running
-
-    def reduce_2(indices, x_smem, carry):
-        (sum_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_n_block = e
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
-
-    (sum_n_running,) = plgpu.emit_pipeline(
-        reduce_2,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    sum_n = sum_n_running
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = e / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (y,) = plgpu.kernel(
-        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return y[:m, :n]
-
-
-@rt.jit_with_static_keywords
-def softmax_with_residuals(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """`softmax` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (sum_n, argmax_n, max_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
-    """
-    (x,), sizes = rt.operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "softmax_with_residuals",
-            sizes,
-            softmax_with_residuals_reference,
-            (((m, n), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32), ((m,), jnp.float32)),
-            x,
-        )
-    y, sum_n, argmax_n, max_n = rt.on_platform(
-        "softmax_with_residuals",
-        (x,),
-        tpu=functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _softmax_with_residuals_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    sum_n = sum_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    argmax_n = argmax_n.reshape(
-        (m,)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return y, sum_n, argmax_n, max_n
-
-
-def softmax_with_residuals_reference(x):
-    """`softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    max_n = jnp.max(x, axis=1, keepdims=True)
-    e = jnp.exp(x - max_n)
-    sum_n = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    y = e / sum_n
-    argmax_n = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    sum_n = sum_n.reshape((m,))
-    argmax_n = argmax_n.reshape((m,))
-    max_n = max_n.reshape((m,))
-    return y, sum_n, argmax_n, max_n
 
 
 def _softmax_with_residuals_kernel(
@@ -753,101 +343,309 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@rt.jit_with_static_keywords
-def softmax_backward(
-    x,
-    sum_n,
-    argmax_n,
-    max_n,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `softmax`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={
+        "y": (jnp.float32, ("M", "N")),
+        "sum_n": (jnp.float32, ("M",), ("M", 1)),
+        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
+        "max_n": (jnp.float32, ("M",), ("M", 1)),
+    },
+    sizes={"M": "m", "N": "n"},
+    tpu=_softmax_with_residuals_tpu,
+    triton=_softmax_with_residuals_gpu,
+    mosaic_gpu=_softmax_with_residuals_mosaic_gpu,
+)
+def softmax_with_residuals(x):
+    """`softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (sum_n, argmax_n, max_n).
 
     Args:
       x: f32[M, N].
-      sum_n: f32[M].
-      argmax_n: i32[M].
-      max_n: f32[M].
-      dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N].
+      y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
     """
-    (x, sum_n, argmax_n, max_n, dy), sizes = rt.operands(
-        "softmax_backward",
-        {
-            "x": (x, jnp.float32, ("M", "N")),
-            "sum_n": (sum_n, jnp.float32, ("M",)),
-            "argmax_n": (argmax_n, jnp.int32, ("M",)),
-            "max_n": (max_n, jnp.float32, ("M",)),
-            "dy": (dy, jnp.float32, ("M", "N")),
-        },
-    )
-    rt.check_blocks("softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "softmax_backward",
-            sizes,
-            softmax_backward_reference,
-            (((m, n), jnp.float32),),
-            x,
-            sum_n,
-            argmax_n,
-            max_n,
-            dy,
-        )
-    sum_n = sum_n.reshape(m, 1)  # sum_n: f32[M], broadcast over N
-    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
-    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
-    return rt.on_platform(
-        "softmax_backward",
-        (x, sum_n, argmax_n, max_n, dy),
-        tpu=functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _softmax_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def softmax_backward_reference(x, sum_n, argmax_n, max_n, dy):
-    """`softmax_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    sum_n = sum_n[:, None]
-    argmax_n = argmax_n[:, None]
-    max_n = max_n[:, None]
+    max_n = jnp.max(x, axis=1, keepdims=True)
     e = jnp.exp(x - max_n)
-    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True, dtype=jnp.float32)
-    de_1 = de * e
-    dx = de_1 + jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
-        jnp.sum((-de_1), axis=1, keepdims=True, dtype=jnp.float32),
-        0,
+    sum_n = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    y = e / sum_n
+    argmax_n = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    sum_n = sum_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    max_n = max_n.reshape((m,))
+    return y, sum_n, argmax_n, max_n
+
+
+def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
+    x = x_ref[...]
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_tpu_blocks = {None: {"default": (8,)}, "v5e": {"default": (8,)}, "v6e": {"default": (8,)}}
+
+
+def _softmax_tpu(x, *, m, n, block_m, interpret):
+    """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = rt.tpu_blocks(
+        _softmax_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
+        ),
     )
-    return dx
+    block_m = min(block_m, m)  # a small M is one whole block
+    rt.check_tiling(
+        "softmax",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) +
+    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B.
+    return pl.pallas_call(
+        functools.partial(_softmax_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        # y: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
+        ),
+        interpret=interpret,
+        name="softmax",
+    )(x)
+
+
+def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    e = jnp.exp(x - jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
+    rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_softmax_gpu_options = {None: (1, 4, 1)}
+
+
+def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = rt.gpu_options(
+        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        # y: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="softmax",
+    )(x)
+
+
+def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+    )(x_ref)
+    max_n = max_n_running
+
+    def reduce_2(indices, x_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        sum_n_block = e
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    sum_n = sum_n_running
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = e / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]
+
+
+def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
+    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
+    save): the backward kernels recompute the values they need (e) from them.
+    """
+    x, sum_n, argmax_n, max_n = saved
+    dy = cotangents
+    dx = softmax_backward(
+        x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
+    return (dx,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"y": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_softmax_tpu,
+    triton=_softmax_gpu,
+    mosaic_gpu=_softmax_mosaic_gpu,
+    vjp=_softmax_vjp,
+    saves=("x", "sum_n", "argmax_n", "max_n"),
+    residuals=softmax_with_residuals,
+)
+def softmax(x):
+    """Softmax over the last dimension.
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      y: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
+    """
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    return y
 
 
 def _softmax_backward_kernel(
@@ -1208,390 +1006,54 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
-def log_softmax(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """Log-softmax over the last dimension: each row minus its log-sum-exp.
+@rt.kernel(
+    inputs={
+        "x": (jnp.float32, ("M", "N")),
+        "sum_n": (jnp.float32, ("M",), ("M", 1)),
+        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
+        "max_n": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.float32, ("M", "N")),
+    },
+    outputs={"dx": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_softmax_backward_tpu,
+    triton=_softmax_backward_gpu,
+    mosaic_gpu=_softmax_backward_mosaic_gpu,
+)
+def softmax_backward(x, sum_n, argmax_n, max_n, dy):
+    """The backward pass of `softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
 
     Args:
       x: f32[M, N].
+      sum_n: f32[M].
+      argmax_n: i32[M].
+      max_n: f32[M].
+      dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
         grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      y: f32[M, N].
-
-    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
-    (_log_softmax_vjp).
+      dx: f32[M, N].
     """
-    (x,), sizes = rt.operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("log_softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "log_softmax", sizes, log_softmax_reference, (((m, n), jnp.float32),), x
-        )
-    return rt.differentiable(
-        functools.partial(
-            _log_softmax_forward,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-        functools.partial(_log_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
-        x,
-        saving=functools.partial(
-            _log_softmax_saving,
-            m=m,
-            n=n,
-            block_m=block_m,
-            gpu_block_m=gpu_block_m,
-            gpu_warps=gpu_warps,
-            gpu_stages=gpu_stages,
-            gpu_backend=gpu_backend,
-            interpret=interpret,
-        ),
-    )
-
-
-def log_softmax_reference(x):
-    """`log_softmax` in plain jax.numpy, to test the kernel against."""
-    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
-    return y
-
-
-def _log_softmax_forward(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`log_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return rt.on_platform(
-        "log_softmax",
-        (x,),
-        tpu=functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _log_softmax_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-
-
-def _log_softmax_saving(
-    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
-):
-    """`log_softmax` forward under jax.grad, by log_softmax_with_residuals: its outputs, and
-    what its backward kernels read (x, logsumexp_n).
-    """
-    y, logsumexp_n = log_softmax_with_residuals(
-        x,
-        block_m=block_m,
-        gpu_block_m=gpu_block_m,
-        gpu_warps=gpu_warps,
-        gpu_stages=gpu_stages,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    return y, (x, logsumexp_n)
-
-
-def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
-    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
-    the backward kernels recompute the values they need from them.
-    """
-    x, logsumexp_n = saved
-    dy = cotangents
-    dx = log_softmax_backward(x, logsumexp_n, dy, gpu_backend=gpu_backend, interpret=interpret)
-    return (dx,)
-
-
-def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
-    x = x_ref[...]
-    y_ref[...] = x - rt.logsumexp(x, 1)
-
-
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_log_softmax_tpu_blocks = {
-    None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
-}
-
-
-def _log_softmax_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "log_softmax",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) +
-    # logsumexp's 32-bit copy of a block 32 B.
-    return pl.pallas_call(
-        functools.partial(_log_softmax_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
-        ),
-        interpret=interpret,
-        name="log_softmax",
-    )(x)
-
-
-def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
-# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
-# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_log_softmax_gpu_options = {None: (1, 4, 1)}
-
-
-def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.gpu_options(
-        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    return pl.pallas_call(
-        functools.partial(_log_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
-        ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="log_softmax",
-    )(x)
-
-
-def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        logsumexp_n_running, logsumexp_n_index = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        logsumexp_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            logsumexp_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
-            )
-        logsumexp_n_running, logsumexp_n_index = rt.mgpu_logsumexp_step(
-            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
-        )
-        return (logsumexp_n_running, logsumexp_n_index)
-
-    logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
-    )(x_ref)
-    logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (y,) = plgpu.kernel(
-        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (2, block_m, block_n),
-                jnp.float32,
-                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return y[:m, :n]
-
-
-@rt.jit_with_static_keywords
-def log_softmax_with_residuals(
-    x,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """`log_softmax` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (logsumexp_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
-
-    Returns:
-      y: f32[M, N]; logsumexp_n: f32[M].
-    """
-    (x,), sizes = rt.operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks(
-        "log_softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "log_softmax_with_residuals",
-            sizes,
-            log_softmax_with_residuals_reference,
-            (((m, n), jnp.float32), ((m,), jnp.float32)),
-            x,
-        )
-    y, logsumexp_n = rt.on_platform(
-        "log_softmax_with_residuals",
-        (x,),
-        tpu=functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _log_softmax_with_residuals_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-        ),
-        mosaic_gpu=functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
-    )
-    logsumexp_n = logsumexp_n.reshape(
-        (m,)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return y, logsumexp_n
-
-
-def log_softmax_with_residuals_reference(x):
-    """`log_softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    logsumexp_n = jax.nn.logsumexp(x, axis=1, keepdims=True)
-    y = x - logsumexp_n
-    logsumexp_n = logsumexp_n.reshape((m,))
-    return y, logsumexp_n
+    sum_n = sum_n[:, None]
+    argmax_n = argmax_n[:, None]
+    max_n = max_n[:, None]
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True, dtype=jnp.float32)
+    de_1 = de * e
+    dx = de_1 + jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.sum((-de_1), axis=1, keepdims=True, dtype=jnp.float32),
+        0,
+    )
+    return dx
 
 
 def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n, block_m):
@@ -1828,82 +1290,275 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n], logsumexp_n[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
-def log_softmax_backward(
-    x,
-    logsumexp_n,
-    dy,
-    *,
-    block_m=None,
-    gpu_block_m=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"y": (jnp.float32, ("M", "N")), "logsumexp_n": (jnp.float32, ("M",), ("M", 1))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_log_softmax_with_residuals_tpu,
+    triton=_log_softmax_with_residuals_gpu,
+    mosaic_gpu=_log_softmax_with_residuals_mosaic_gpu,
+)
+def log_softmax_with_residuals(x):
+    """`log_softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (logsumexp_n).
 
     Args:
       x: f32[M, N].
-      logsumexp_n: f32[M].
-      dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
-      dx: f32[M, N].
+      y: f32[M, N]; logsumexp_n: f32[M].
     """
-    (x, logsumexp_n, dy), sizes = rt.operands(
-        "log_softmax_backward",
-        {
-            "x": (x, jnp.float32, ("M", "N")),
-            "logsumexp_n": (logsumexp_n, jnp.float32, ("M",)),
-            "dy": (dy, jnp.float32, ("M", "N")),
-        },
-    )
-    rt.check_blocks(
-        "log_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
-    )
-    m, n = sizes["M"], sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(
-            "log_softmax_backward",
-            sizes,
-            log_softmax_backward_reference,
-            (((m, n), jnp.float32),),
-            x,
-            logsumexp_n,
-            dy,
-        )
-    logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
-    return rt.on_platform(
-        "log_softmax_backward",
-        (x, logsumexp_n, dy),
-        tpu=functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        triton=functools.partial(
-            _log_softmax_backward_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+    m = x.shape[0]
+    n = x.shape[1]
+    logsumexp_n = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    y = x - logsumexp_n
+    logsumexp_n = logsumexp_n.reshape((m,))
+    return y, logsumexp_n
+
+
+def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
+    x = x_ref[...]
+    y_ref[...] = x - rt.logsumexp(x, 1)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _log_softmax_tpu(x, *, m, n, block_m, interpret):
+    """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = rt.tpu_blocks(
+        _log_softmax_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
         ),
-        mosaic_gpu=functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
-        gpu_backend=gpu_backend,
-        interpret=interpret,
     )
+    block_m = min(block_m, m)  # a small M is one whole block
+    rt.check_tiling(
+        "log_softmax",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) +
+    # logsumexp's 32-bit copy of a block 32 B.
+    return pl.pallas_call(
+        functools.partial(_log_softmax_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        # y: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
+        ),
+        interpret=interpret,
+        name="log_softmax",
+    )(x)
 
 
-def log_softmax_backward_reference(x, logsumexp_n, dy):
-    """`log_softmax_backward` in plain jax.numpy, to test the kernel against."""
-    logsumexp_n = logsumexp_n[:, None]
-    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)
-    return dx
+def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_log_softmax_gpu_options = {None: (1, 4, 1)}
+
+
+def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = rt.gpu_options(
+        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(_log_softmax_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        # y: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="log_softmax",
+    )(x)
+
+
+def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        logsumexp_n_running, logsumexp_n_index = carry
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        logsumexp_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            logsumexp_n_block = jnp.where(
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
+            )
+        logsumexp_n_running, logsumexp_n_index = rt.mgpu_logsumexp_step(
+            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
+        )
+        return (logsumexp_n_running, logsumexp_n_index)
+
+    logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(x_ref)
+    logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]
+
+
+def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
+    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
+    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
+    the backward kernels recompute the values they need from them.
+    """
+    x, logsumexp_n = saved
+    dy = cotangents
+    dx = log_softmax_backward(x, logsumexp_n, dy, gpu_backend=gpu_backend, interpret=interpret)
+    return (dx,)
+
+
+@rt.kernel(
+    inputs={"x": (jnp.float32, ("M", "N"))},
+    outputs={"y": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_log_softmax_tpu,
+    triton=_log_softmax_gpu,
+    mosaic_gpu=_log_softmax_mosaic_gpu,
+    vjp=_log_softmax_vjp,
+    saves=("x", "logsumexp_n"),
+    residuals=log_softmax_with_residuals,
+)
+def log_softmax(x):
+    """Log-softmax over the last dimension: each row minus its log-sum-exp.
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      y: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
+    (_log_softmax_vjp).
+    """
+    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
+    return y
 
 
 def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n, block_m):
@@ -2154,3 +1809,38 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
         interpret=interpret,
     )(x, logsumexp_n, dy)
     return dx[:m, :n]
+
+
+@rt.kernel(
+    inputs={
+        "x": (jnp.float32, ("M", "N")),
+        "logsumexp_n": (jnp.float32, ("M",), ("M", 1)),
+        "dy": (jnp.float32, ("M", "N")),
+    },
+    outputs={"dx": (jnp.float32, ("M", "N"))},
+    sizes={"M": "m", "N": "n"},
+    tpu=_log_softmax_backward_tpu,
+    triton=_log_softmax_backward_gpu,
+    mosaic_gpu=_log_softmax_backward_mosaic_gpu,
+)
+def log_softmax_backward(x, logsumexp_n, dy):
+    """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      logsumexp_n: f32[M].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+
+    Returns:
+      dx: f32[M, N].
+    """
+    logsumexp_n = logsumexp_n[:, None]
+    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)
+    return dx

@@ -2,7 +2,7 @@
 
 The independent references here are written in NumPy and computed in float64 from
 the inputs exactly as the kernel sees them (bf16 inputs already rounded), so they
-share no code with pallasgen or with the generated `NAME_reference` functions.
+share no code with pallasgen or with the generated references (`NAME.reference`).
 """
 
 from __future__ import annotations
@@ -79,12 +79,8 @@ def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
 
 
 def kernels_in(module: ModuleType) -> list[str]:
-    """Names of the kernels in a generated module: each `NAME` with a `NAME_reference`."""
-    return sorted(
-        name[: -len("_reference")]
-        for name in vars(module)
-        if name.endswith("_reference") and callable(getattr(module, name[: -len("_reference")], None))
-    )
+    """Names of the kernels in a generated module: its public functions (`rt.kernel`)."""
+    return sorted(name for name, value in vars(module).items() if isinstance(value, module.rt.Kernel))
 
 
 def bundled_kernels() -> list[tuple[str, str | None]]:
@@ -1686,8 +1682,8 @@ def assert_triton_compiles_masked(function, args) -> None:
 
 @cache
 def jitted_reference(module_stem: str, kernel: str):
-    """`NAME_reference`, jitted with its params static (one compile instead of one per op)."""
-    reference = getattr(generated_module(module_stem), kernel + "_reference")
+    """`NAME.reference`, jitted with its params static (one compile instead of one per op)."""
+    reference = getattr(generated_module(module_stem), kernel).reference
     params = [
         name for name, p in inspect.signature(reference).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
@@ -1701,7 +1697,7 @@ def run_kernel(module_stem: str, kernel: str, arrays, **keywords) -> tuple[np.nd
 
 
 def run_reference(module_stem: str, kernel: str, arrays, **params) -> tuple[np.ndarray, ...]:
-    """The generated `NAME_reference`'s outputs as NumPy arrays."""
+    """The generated `NAME.reference`'s outputs as NumPy arrays."""
     outs = jitted_reference(module_stem, kernel)(*map(jnp.asarray, arrays), **params)
     return tuple(np.asarray(out) for out in as_tuple(outs))
 

@@ -95,7 +95,7 @@ def test_a_gpu_block_of_none_is_chosen_at_call_time():
     """None (the default) takes the block tuned for the GPU (pallasgen tune --gpu), else the spec's."""
     module = generated_module("softmax")
     x = f32(8, 8)
-    np.testing.assert_allclose(module.softmax(x, gpu_block_m=None), module.softmax_reference(x), rtol=1e-6)
+    np.testing.assert_allclose(module.softmax(x, gpu_block_m=None), module.softmax.reference(x), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- lists and scalars
@@ -164,7 +164,7 @@ def test_a_param_that_is_not_a_number_of_its_kind_is_a_type_error_naming_it(atte
 def test_a_param_takes_any_real_python_or_numpy_number(attention, value):
     q = bf16(1, 1, 8, 16)
     o, lse = attention.attention(q, q, q, scale=value)
-    want_o, want_lse = attention.attention_reference(q, q, q, scale=value)
+    want_o, want_lse = attention.attention.reference(q, q, q, scale=value)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-2)
 
 
@@ -213,7 +213,7 @@ def test_interpret_takes_interpret_params():
     module = generated_module("softmax")
     x = f32(8, 8)
     np.testing.assert_allclose(
-        module.softmax(x, interpret=pltpu.InterpretParams()), module.softmax_reference(x), rtol=1e-6
+        module.softmax(x, interpret=pltpu.InterpretParams()), module.softmax.reference(x), rtol=1e-6
     )
 
 

@@ -1,7 +1,7 @@
 """The bundled elementwise and reduction kernels in generated/, run in Pallas interpret
 mode on CPU (reductions have more tests of their own in test_reductions.py).
 
-Each kernel is checked against its generated `NAME_reference` and against an
+Each kernel is checked against its generated `NAME.reference` and against an
 independent float64 NumPy reference (tests/kernel_cases.py), over block-aligned,
 ragged and smaller-than-one-block shapes, with default and with small explicit
 block sizes, and with NaN and infinity in the inputs. `interpret=None`, the

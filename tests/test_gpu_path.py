@@ -72,7 +72,7 @@ def small_gpu_blocks(generated, kernel: str) -> dict[str, int]:
 @pytest.mark.parametrize(("module", "kernel"), KERNELS, ids=IDS)
 def test_gpu_kernel_in_interpret_mode_matches_the_reference(on_gpu, module, kernel):
     generated = generated_module(module)
-    function, reference = getattr(generated, kernel), getattr(generated, f"{kernel}_reference")
+    function, reference = getattr(generated, kernel), getattr(generated, kernel).reference
     sizes = ragged_sizes(module, kernel)
     rng = np.random.default_rng(7)
     inputs = [random_array(rng, op.dtype, tuple(sizes[d] for d in op.dims)) for op in spec_inputs(module, kernel)]

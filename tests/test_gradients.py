@@ -127,7 +127,7 @@ def backward_by_references(module, gradient, inputs: str, arrays, dz) -> list:
     found = {}
     for backward in gradient.kernels:
         args = [dz if a.source == "cotangent" else inputs[a.name] for a in backward.arguments]
-        outs = getattr(module, f"{backward.checked.kernel.name}_reference")(*args)
+        outs = getattr(module, backward.checked.kernel.name).reference(*args)
         found.update(zip(backward.results, outs if isinstance(outs, tuple) else (outs,)))
     return [found.get(name) for name in inputs]
 
@@ -141,7 +141,7 @@ def test_each_rule_gives_jaxs_derivative_at_every_point_of_the_grid(rules, name)
     kernel = NAMES[name]
     arrays = rule_arguments(RULES[name][0])
     dz = jnp.asarray(np.linspace(-2.0, 3.0, arrays[0].size), jnp.float32)
-    _, vjp = jax.vjp(getattr(module, f"{kernel}_reference"), *arrays)
+    _, vjp = jax.vjp(getattr(module, kernel).reference, *arrays)
     want = vjp(dz)
     got = backward_by_references(module, gradients[kernel], RULES[name][0], arrays, dz)
     for index, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -222,7 +222,7 @@ def kernel_vjp(case, arrays, cotangents, **keywords):
 
 
 def reference_vjp(case, arrays, cotangents):
-    return vjp_of(getattr(generated_module(case.module), f"{case.kernel}_reference"), arrays, cotangents)
+    return vjp_of(getattr(generated_module(case.module), case.kernel).reference, arrays, cotangents)
 
 
 def vjp_of(function, arrays, cotangents):
@@ -479,7 +479,7 @@ def test_every_bundled_backward_kernel_is_a_module_function_with_its_reference()
         module = generated_module(stem)
         for checked in every_kernel(check_source(open_spec(stem), stem)):
             assert callable(getattr(module, checked.kernel.name)), checked.kernel.name
-            assert callable(getattr(module, f"{checked.kernel.name}_reference")), checked.kernel.name
+            assert callable(getattr(module, checked.kernel.name).reference), checked.kernel.name
 
 
 def test_a_backward_kernels_recomputed_values_count_in_its_vmem():
@@ -594,14 +594,14 @@ def test_derived_backward_kernels_of_random_specs_give_jaxs_derivatives(tmp_path
         )
         for name, dtype, dims in inputs
     }
-    outs = module.k_reference(*arrays.values())
+    outs = module.k.reference(*arrays.values())
     outs = outs if isinstance(outs, tuple) else (outs,)
     cotangents = {o: jnp.asarray(rng.standard_normal((5, 6)), out.dtype) for o, out in zip(outputs, outs)}
-    want = vjp_of(module.k_reference, list(arrays.values()), tuple(cotangents.values()))
+    want = vjp_of(module.k.reference, list(arrays.values()), tuple(cotangents.values()))
     got = {}
     for backward in checked.gradient.kernels:
         args = [cotangents[a.name] if a.source == "cotangent" else arrays[a.name] for a in backward.arguments]
-        results = getattr(module, f"{backward.checked.kernel.name}_reference")(*args)
+        results = getattr(module, backward.checked.kernel.name).reference(*args)
         got.update(zip(backward.results, results if isinstance(results, tuple) else (results,)))
     bf16 = "bf16" in spec
     for name, w in zip(arrays, want, strict=True):

@@ -107,7 +107,7 @@ def inputs_and_cotangent(module, kernel: str, seed: int, sizes):
     for dtype, dims, scale in inputs:
         scale = 1.0 / np.sqrt(sizes[scale]) if isinstance(scale, str) else scale
         arrays.append(jnp.asarray(rng.standard_normal([sizes[d] for d in dims]) * scale, DTYPES[dtype]))
-    out = jax.eval_shape(getattr(module, f"{kernel}_reference"), *arrays)
+    out = jax.eval_shape(getattr(module, kernel).reference, *arrays)
     return arrays, jnp.asarray(rng.standard_normal(out.shape), out.dtype)
 
 
@@ -128,7 +128,7 @@ def assert_close(got, want, dtype):
 def test_vjp_of_the_kernel_is_the_vjp_of_its_reference_at_ragged_sizes(attention, kernel, path):
     arrays, dy = inputs_and_cotangent(attention, kernel, 0, SIZES[kernel])
     got = kernel_vjp(attention, kernel, arrays, dy)
-    _, vjp = jax.vjp(getattr(attention, f"{kernel}_reference"), *arrays)
+    _, vjp = jax.vjp(getattr(attention, kernel).reference, *arrays)
     want = vjp(dy)
     assert len(got) == len(want) == len(arrays)
     for g, w, a in zip(got, want, arrays):
@@ -343,7 +343,7 @@ def test_check_grads_on_small_f32_inputs(f32_module, kernel):
 @pytest.mark.parametrize("kernel", list(F32_KERNELS))
 def test_f32_kernels_match_the_vjp_of_their_references_at_ragged_sizes(f32_module, kernel):
     arrays = f32_inputs(kernel, {"M": 130, "K": 150, "N": 140}, seed=4)
-    outputs, reference = jax.vjp(getattr(f32_module, f"{kernel}_reference"), *arrays)
+    outputs, reference = jax.vjp(getattr(f32_module, kernel).reference, *arrays)
     rng = np.random.default_rng(5)
     dy = jax.tree.map(lambda o: jnp.asarray(rng.standard_normal(o.shape), o.dtype), outputs)
     _, vjp = jax.vjp(functools.partial(getattr(f32_module, kernel), interpret=True), *arrays)

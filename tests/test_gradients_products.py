@@ -110,7 +110,7 @@ def inputs_and_cotangent(kernel: str, seed: int = 0, sizes=RAGGED):
     rng = np.random.default_rng(seed)
     inputs, _ = KERNELS[kernel]
     arrays = [jnp.asarray(rng.standard_normal([sizes[d] for d in dims]), DTYPES[dtype]) for dtype, dims in inputs]
-    out = jax.eval_shape(getattr(generated_module("matmul"), f"{kernel}_reference"), *arrays)
+    out = jax.eval_shape(getattr(generated_module("matmul"), kernel).reference, *arrays)
     return arrays, jnp.asarray(rng.standard_normal(out.shape) * 2.0, out.dtype)
 
 
@@ -134,7 +134,7 @@ def assert_close(got, want, dtype):
 def test_vjp_of_the_kernel_is_the_vjp_of_its_reference_at_ragged_sizes(mm, kernel, path):
     arrays, dz = inputs_and_cotangent(kernel)
     got = kernel_vjp(mm, kernel, arrays, dz)
-    _, vjp = jax.vjp(getattr(mm, f"{kernel}_reference"), *arrays)
+    _, vjp = jax.vjp(getattr(mm, kernel).reference, *arrays)
     want = vjp(dz)
     assert len(got) == len(want) == len(arrays)
     for g, w, a in zip(got, want, arrays):
@@ -328,7 +328,7 @@ def test_the_products_value_takes_a_name_the_kernel_does_not_use(tmp_path):
     rng = np.random.default_rng(6)
     x, y = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(9, 20), (20, 130)])
     got = jax.grad(lambda x, y: (module.k(x, y, interpret=True) ** 2).sum(), argnums=(0, 1))(x, y)
-    want = jax.grad(lambda x, y: (module.k_reference(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
+    want = jax.grad(lambda x, y: (module.k.reference(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
 

@@ -173,7 +173,7 @@ def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kern
     rng = np.random.default_rng(0)
     arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in _shapes(module, kernel, size)]
     got = jax.tree.leaves(getattr(generated, kernel)(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
-    want = jax.tree.leaves(getattr(generated, f"{kernel}_reference")(*arrays))
+    want = jax.tree.leaves(getattr(generated, kernel).reference(*arrays))
     depth = max((shape[-1] for shape, _ in _shapes(module, kernel, size)), default=1)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
@@ -499,7 +499,7 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     elif "ties" in case:  # each row's minimum twice, past the first block
         arrays[0] = arrays[0].at[:, 200].set(-1000).at[:, 300].set(-1000)
     got = jax.tree.leaves(module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
-    want = jax.tree.leaves(module.k_reference(*arrays))
+    want = jax.tree.leaves(module.k.reference(*arrays))
     for g, w in zip(got, want):
         rtol = 2.0**-10 if w.dtype.itemsize == 2 else 1e-5
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=rtol, atol=rtol * 10)
@@ -552,7 +552,7 @@ def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path,
         return
     take_gpu_branch(monkeypatch, module)
     got = module.k(jnp.asarray(x), gpu_backend="mosaic_gpu", interpret=INTERPRETER())
-    for g, w in zip(got, module.k_reference(jnp.asarray(x))):
+    for g, w in zip(got, module.k.reference(jnp.asarray(x))):
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
@@ -617,7 +617,7 @@ def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal
     q, k, v = _qkv(128, 128, 64)
     poisoned = v.at[:, :, 64:].set(jnp.nan)
     o, lse = _interpreted_attention("attention", monkeypatch, q, k, poisoned)
-    want_o, want_lse = generated_module("attention").attention_reference(q, k, v.at[:, :, 64:].set(0))
+    want_o, want_lse = generated_module("attention").attention.reference(q, k, v.at[:, :, 64:].set(0))
     np.testing.assert_allclose(
         np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2
     )
@@ -633,7 +633,7 @@ def test_attention_on_mosaic_gpu_is_exact_past_a_ragged_key_end(kernel, monkeypa
     q, k, v = _qkv(70, 65, 40, seed=1)
     q, k = jnp.abs(q) + 1, -jnp.abs(k) - 1  # every score below 0: a padded key's score 0 would win
     got = jax.tree.leaves(_interpreted_attention(kernel, monkeypatch, q, k, v))
-    want = jax.tree.leaves(getattr(generated_module("attention"), f"{kernel}_reference")(q, k, v))
+    want = jax.tree.leaves(getattr(generated_module("attention"), kernel).reference(q, k, v))
     for g, w in zip(got, want):
         rtol = 2.0**-7 if w.dtype.itemsize == 2 else 1e-5
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=rtol, atol=rtol * 4)

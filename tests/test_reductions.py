@@ -61,6 +61,7 @@ from kernel_cases import (
     exact,
     f64,
     generated_module,
+    kernels_in,
     run_kernel,
     run_reference,
     sublane_rows,
@@ -107,9 +108,8 @@ def clear_kernel_caches() -> None:
     interpret mode's padding once per shape."""
     for stem in MODULES:
         module = generated_module(stem)
-        for name in vars(module):
-            if name.endswith("_reference") and callable(getattr(module, name[: -len("_reference")], None)):
-                getattr(module, name[: -len("_reference")]).clear_cache()
+        for name in kernels_in(module):
+            getattr(module, name).clear_cache()
 
 
 @pytest.fixture(params=["tpu", "gpu"])
@@ -259,7 +259,7 @@ def test_kernel_matches_numpy(case, shape_class, path):
 
 @pytest.mark.parametrize("case", REDUCTIONS, ids=IDS)
 def test_reference_function_matches_numpy(case):
-    """`NAME_reference`, the plain jax.numpy version, computes what the NumPy reference
+    """`NAME.reference`, the plain jax.numpy version, computes what the NumPy reference
     does, with the declared dtypes and shapes (and the non-default params too)."""
     shape = shape_of(case, "ragged")
     arrays = inputs_for(case, shape, seed=1)
@@ -267,7 +267,7 @@ def test_reference_function_matches_numpy(case):
         got = run_reference(case.module, case.kernel, arrays, **params)
         check_declared(case, got, shape.sizes)
         expected = case.expected(*arrays, **params)
-        assert_outputs_close(got, expected, case.tolerances_for(arrays), f"{case.id}_reference{params} vs NumPy")
+        assert_outputs_close(got, expected, case.tolerances_for(arrays), f"{case.id}.reference{params} vs NumPy")
 
 
 PARAM_CASES = [case for case in REDUCTIONS if case.params]
@@ -313,7 +313,7 @@ def test_lower_rank_and_scalar_outputs_have_their_declared_shapes(case_id, path)
     module = generated_module(case.module)
     for function in (
         functools.partial(getattr(module, case.kernel), **keywords),
-        getattr(module, f"{case.kernel}_reference"),
+        getattr(module, case.kernel).reference,
     ):
         shapes = as_tuple(jax.eval_shape(function, *args))
         assert [(np.dtype(s.dtype), s.shape) for s in shapes] == [(NUMPY_DTYPES[d], shape) for d, shape in outputs]
@@ -779,6 +779,6 @@ def test_log_softmax_of_a_row_holding_inf_agrees_with_its_reference(kernel, path
     x[2, 5] = np.nan
     x[3, 7], x[3, 9] = np.inf, np.inf
     got = jax.tree.leaves(getattr(module, kernel)(x, interpret=True if path == "gpu" else None))
-    want = jax.tree.leaves(getattr(module, f"{kernel}_reference")(x))
+    want = jax.tree.leaves(getattr(module, kernel).reference(x))
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

@@ -84,11 +84,21 @@ def test_run_and_bench_generate_a_missing_module_in_memory(project, command):
     assert not (project / "generated" / "add_vectors.py").exists()
 
 
+def kernel_with_reference(function, reference):
+    """A stand-in for a generated kernel: `function`, with `reference` as its `.reference`."""
+
+    def kernel(*arrays, **keywords):
+        return function(*arrays, **keywords)
+
+    kernel.reference = reference
+    return kernel
+
+
 def test_a_kernel_that_disagrees_with_its_reference_is_a_mismatch():
     checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
     path = ROOT / "generated" / "activations.py"
-    reference = runner.load_module(path.read_text(), path).leaky_reference
-    wrong = SimpleNamespace(leaky=lambda x: tuple(o + 1 for o in reference(x)), leaky_reference=reference)
+    reference = runner.load_module(path.read_text(), path).leaky.reference
+    wrong = SimpleNamespace(leaky=kernel_with_reference(lambda x: tuple(o + 1 for o in reference(x)), reference))
     results = runner.run_kernel(wrong, checked, {"M": 8, "N": 128}, seed=0)
     assert [(r.output, r.ok, r.mismatches) for r in results] == [("y", False, 8 * 128), ("mask", False, 8 * 128)]
     y, mask = (r.describe({"M": 8, "N": 128}) for r in results)
@@ -116,7 +126,7 @@ def test_a_backward_pass_that_disagrees_with_the_references_is_a_mismatch():
 
     checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
     path = ROOT / "generated" / "activations.py"
-    reference = runner.load_module(path.read_text(), path).leaky_reference
+    reference = runner.load_module(path.read_text(), path).leaky.reference
 
     @jax.custom_vjp
     def doubled_backward(x):
@@ -130,7 +140,7 @@ def test_a_backward_pass_that_disagrees_with_the_references_is_a_mismatch():
         return (2 * dx,)
 
     doubled_backward.defvjp(forward, backward)
-    wrong = SimpleNamespace(leaky=doubled_backward, leaky_reference=reference)
+    wrong = SimpleNamespace(leaky=kernel_with_reference(doubled_backward, reference))
     (result,) = runner.run_gradient(wrong, checked, {"M": 8, "N": 128}, seed=0)
     assert (result.output, result.ok) == ("grad(x)", False)
     assert result.describe({"M": 8, "N": 128}).startswith("leaky.grad(x) [M=8, N=128]: MISMATCH in ")

@@ -25,7 +25,7 @@ from kernel_cases import GENERATED, load_module, take_gpu_branch
 from pallasgen.runtime import support
 from pallasgen.workspace.pipeline import generate
 
-PLATFORM = {"jit_with_static_keywords", "on_platform", "gpu_kernel"}
+PLATFORM = {"kernel", "on_platform", "gpu_kernel"}
 
 # A kernel `k` with one feature: its spec body, the helpers that feature needs, and the
 # sizes of a call (a ragged last block wherever there are blocks).
@@ -140,9 +140,9 @@ def runtime_functions() -> set[str]:
 
 
 def reached_from(names: set[str]) -> set[str]:
-    """`names`, and the runtime functions their code calls in turn."""
+    """`names`, and the runtime functions (and classes) their code calls in turn."""
     tree = ast.parse(inspect.getsource(support))
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     reached, pending = set(), set(names)
     while pending:
         name = pending.pop()
@@ -176,7 +176,7 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
     xs = [rng.standard_normal(tuple(sizes[d] for d in dims)).astype(np.float32) * 4 for dims in inputs]
     if feature in BF16_INPUTS:
         xs = [jnp.asarray(x, jnp.bfloat16) for x in xs]
-    want = np.asarray(module.k_reference(*xs))
+    want = np.asarray(module.k.reference(*xs))
     np.testing.assert_allclose(np.asarray(module.k(*xs)), want, rtol=1e-5, atol=1e-5)
     take_gpu_branch(monkeypatch, module)
     np.testing.assert_allclose(np.asarray(module.k(*xs, interpret=True)), want, rtol=1e-5, atol=1e-5)
@@ -372,11 +372,20 @@ def test_running_reductions_agree_with_the_whole_ones():
     np.testing.assert_allclose(support.softmax(x, 1), jax.nn.softmax(x, axis=1), rtol=1e-6)
 
 
-def test_a_checked_jit_takes_params_of_their_kind_and_refuses_the_rest():
-    def k(x, *, n=1, s=0.5, block_m=None):
+def test_a_kernel_takes_params_of_their_kind_and_refuses_the_rest():
+    def k_tpu(x, *, n, s, block_n, interpret):
         return x * n + s
 
-    k = support.jit_with_static_keywords(k, params={"n": jnp.int8, "s": jnp.float32})
+    @support.kernel(
+        inputs={"x": (jnp.float32, ("N",))},
+        outputs={"y": (jnp.float32, ("N",))},
+        sizes={"N": "size_n"},
+        params={"n": jnp.int8, "s": jnp.float32},
+        tpu=k_tpu,
+    )
+    def k(x, *, n=1, s=0.5):
+        return x * n + s
+
     x = jnp.ones(3, jnp.float32)
     np.testing.assert_array_equal(k(x, n=np.int32(2), s=1), np.full(3, 3.0))
     for keywords, error, message in [
@@ -384,12 +393,17 @@ def test_a_checked_jit_takes_params_of_their_kind_and_refuses_the_rest():
         ({"n": 200}, ValueError, "k: n=200 does not fit in int8 (-128 to 127)"),
         ({"s": 10**400}, ValueError, "k: s=1" + "0" * 400 + " is too large for float32"),
         ({"s": 1e39}, ValueError, "k: s=1e+39 is too large for float32"),
-        ({"block_m": [8]}, TypeError, "k: block_m is static and must be a Python number, got [8]"),
+        ({"block_n": [8]}, TypeError, "k: block_n is static and must be a Python number, got [8]"),
+        ({"block_n": 0}, ValueError, "k: block_n must be a positive int or None, got 0"),
+        ({"block_m": 8}, TypeError, "k got an unexpected keyword 'block_m'; it takes n, s, block_n, interpret"),
     ]:
         with pytest.raises(error, match=f"^{re.escape(message)}"):
             k(x, **keywords)
+    with pytest.raises(TypeError, match=re.escape("k takes 1 arrays (x), got 2")):
+        k(x, x)
     assert np.isinf(k(x, s=float("inf"))).all()
-    assert k.__wrapped__.__name__ == "k" and k.clear_cache() is None
+    assert k.options == ("block_n", "interpret") and k.reference(x, n=2).shape == (3,)
+    assert k.__name__ == "k" and k.clear_cache() is None
 
 
 def test_logsumexp_of_rows_holding_inf_or_nan_is_jax_numpys():

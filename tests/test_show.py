@@ -48,7 +48,7 @@ STEPPED = [
     if any(d.reduced and d.reductions and d.name in checked.blocks for d in checked.space.dims)
     and checked.product is None
     or checked.fused is not None
-    and checked.fused.sweep is not None
+    and checked.sweep is not None
 ]
 
 

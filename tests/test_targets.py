@@ -137,13 +137,13 @@ def test_a_tpu_only_module_has_no_gpu_code_runs_and_is_much_shorter(tmp_path):
     module = load(path, "targets_tpu_only")
     x = jnp.arange(1000, dtype=jnp.float32)
     y = jnp.linspace(0, 1, 1000, dtype=jnp.float32)
-    np.testing.assert_allclose(module.add_vectors(x, y), module.add_vectors_reference(x, y))
+    np.testing.assert_allclose(module.add_vectors(x, y), module.add_vectors.reference(x, y))
     a = jax.random.normal(jax.random.key(0), (40, 72), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (72, 24), jnp.float32)
-    np.testing.assert_allclose(module.matmul(a, b), module.matmul_reference(a, b), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(module.matmul(a, b), module.matmul.reference(a, b), rtol=1e-5, atol=1e-4)
     # jax.grad runs the derived backward kernels, generated for the TPU alone too.
     grad = jax.grad(lambda a: module.matmul(a, b).sum())(a)
-    np.testing.assert_allclose(grad, jax.grad(lambda a: module.matmul_reference(a, b).sum())(a), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(grad, jax.grad(lambda a: module.matmul.reference(a, b).sum())(a), rtol=1e-5, atol=1e-4)
 
 
 def test_the_bundled_specs_shrink_without_gpu_targets():
@@ -159,15 +159,16 @@ def test_a_triton_only_module_interprets_its_triton_kernels_on_cpu(tmp_path):
     path = built(tmp_path, '["triton"]', "triton_only")
     text = path.read_text()
     assert "pltpu" not in text and "gpu_backend" not in text and "mosaic" not in text
-    assert "def add_vectors(x, y, *, gpu_block_n=None, gpu_warps=None, gpu_stages=None, interpret=None)" in text
+    assert "    triton=_add_vectors_gpu,\n" in text and "    tpu=" not in text
     module = load(path, "targets_triton_only")
+    assert module.add_vectors.options == ("gpu_block_n", "gpu_stages", "gpu_warps", "interpret")
     x = jnp.arange(1000, dtype=jnp.float32)
     y = jnp.ones(1000, jnp.float32)
-    np.testing.assert_allclose(module.add_vectors(x, y), module.add_vectors_reference(x, y))
-    np.testing.assert_allclose(module.add_vectors(x, y, interpret=True), module.add_vectors_reference(x, y))
+    np.testing.assert_allclose(module.add_vectors(x, y), module.add_vectors.reference(x, y))
+    np.testing.assert_allclose(module.add_vectors(x, y, interpret=True), module.add_vectors.reference(x, y))
     a = jax.random.normal(jax.random.key(0), (40, 72), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (72, 24), jnp.float32)
-    np.testing.assert_allclose(module.matmul(a, b), module.matmul_reference(a, b), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(module.matmul(a, b), module.matmul.reference(a, b), rtol=1e-5, atol=1e-4)
     grad = jax.grad(lambda x: module.add_vectors(x, y).sum())(x)
     np.testing.assert_allclose(grad, jnp.ones_like(x))
 
@@ -176,8 +177,9 @@ def test_a_mosaic_gpu_only_module_defaults_to_it_and_refuses_cpu(tmp_path):
     path = built(tmp_path, '["mosaic_gpu"]', "mosaic_only")
     text = path.read_text()
     assert "pltpu" not in text and "pltriton" not in text and "gpu_backend" not in text
-    assert "mgpu_block_m=None" in text and "from pallasgen.runtime.support import plgpu" in text
+    assert "from pallasgen.runtime.support import plgpu" in text
     module = load(path, "targets_mosaic_only")
+    assert {"mgpu_block_m", "mgpu_stages"} <= set(module.matmul.options) and "gpu_backend" not in module.matmul.options
     x = jnp.arange(16, dtype=jnp.float32)
     with pytest.raises(NotImplementedError, match=r"add_vectors: no kernel for CPU.*generated for mosaic_gpu only"):
         module.add_vectors(x, x)

@@ -78,7 +78,7 @@ def test_kernel_matches_reference_in_tpu_interpret_mode(module, kernel, tpu_inte
     expected = run_reference(module, kernel, arrays)
     case = CASES.get(f"{module}.{kernel}")
     tolerances = case.tolerances_for(arrays) if case else generic_tolerances(outputs, expected)
-    assert_outputs_close(got, expected, tolerances, f"{module}.{kernel} vs _reference")
+    assert_outputs_close(got, expected, tolerances, f"{module}.{kernel} vs .reference")
     if case:
         assert_outputs_close(got, case.expected(*arrays), tolerances, f"{module}.{kernel} vs NumPy float64")
 

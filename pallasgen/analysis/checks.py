@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.carries import Sweep, plain_sweep
+from pallasgen.analysis.carries import Sweep, sweep_over
 from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
@@ -55,7 +55,7 @@ class CheckedKernel:
     # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
     tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
-    sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
+    sweep: Sweep | None = None  # what any kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
 
     @property
@@ -104,9 +104,6 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
                 )
             )
         seen.add(kernel.name)
-    for kernel in spec.kernels:
-        if kernel.name.endswith("_reference") and kernel.name[: -len("_reference")] in seen:
-            found.append(Diagnostic(kernel.position, f"'{kernel.name}' is the name of another kernel's reference"))
     if not spec.kernels:
         found.append(Diagnostic(Position.point(1, 1), "no kernel in this spec"))
     return found
@@ -135,7 +132,8 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
         found.extend(problems)
     found.extend(type_problems)
-    sweep = None if found else plain_sweep(kernel, space, product, blocks)
+    sweep, problems = (None, []) if found else sweep_of(kernel, types, blocks, batch_dims(product) if product else ())
+    found.extend(problems)
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
 
 
@@ -165,16 +163,27 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     found.extend(problems)
     types, problems = infer_body(kernel, dims, None)
     found.extend(problems)
-    fused = None
+    fused, sweep = None, None
     if not found:
         fused, problems = analyze_fused(kernel, types, dims, blocks)
+        found.extend(problems)
+    if fused is not None:
+        sweep, problems = sweep_of(kernel, types, blocks, fused.batch)
+        fused = None if problems else fused  # the backends check a kernel that passed
         found.extend(problems)
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, None, blocks, found, fused=fused)
         found.extend(problems)
-    sweep = fused.sweep if fused else None
     return CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused, sweep=sweep), found
+
+
+def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[Sweep | None, list[Diagnostic]]:
+    """The pass over the kernel's blocked dimension that no output has (other than a
+    batch one), if any: what it carries (`analysis.carries`)."""
+    output_dims = {d for out in kernel.outputs for d in out.dims}
+    dim = next((d for d in blocks if d not in output_dims and d not in batch), None)
+    return sweep_over(kernel, types, dim) if dim else (None, [])
 
 
 def _fused_dims(kernel: ir.Kernel) -> tuple[str, ...]:

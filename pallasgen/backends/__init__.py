@@ -13,9 +13,8 @@ from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
 from pallasgen.backends.tpu import TpuBackend
-from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
+from pallasgen.lowering.gradient import plan_gradient, vjp_function_name
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
-from pallasgen.lowering.signature import Signature, signature
 from pallasgen.runtime.constants import TARGETS
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
@@ -47,7 +46,7 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...], targets: tup
         for k in kernels
         for name in (
             *(name for backend in backends for name in backend.function_names(k.kernel.name)),
-            *gradient_function_names(k.kernel.name),
+            vjp_function_name(k.kernel.name),
         )
     })
     plans = tuple(_plan_kernel(k, module_names, spec_path, backends, targets) for k in kernels)
@@ -63,7 +62,8 @@ def plan_backends(checked: CheckedKernel, targets: tuple[str, ...] | None = None
     has it; `targets` None: those it was checked for."""
     if targets is None:
         targets = tuple(backend.target for backend in BACKENDS if backend.name in checked.settings)
-    return plan_module("", (checked,), targets).kernels[0].backends
+    module = plan_module("", (checked,), targets)
+    return next(k for k in module.kernels if k.name == checked.kernel.name).backends
 
 
 def _plan_kernel(
@@ -78,25 +78,8 @@ def _plan_kernel(
     reserved = {name for backend in backends for name in backend.reserved_names(checked)}
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
     plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered, targets) for backend in backends})
-    sizes = tuple(variable for variable, _ in plan.sizes)
-    saving = checked.gradient.saving if checked.gradient else None
-    saving_keywords = _signature(saving, backends, targets).static_argnames if saving else ()
     passed_on = tuple(name for backend in backends for name in backend.backward_keywords(targets))
-    gradient = plan_gradient(
-        checked,
-        lowered.values,
-        sizes,
-        plan.signature.static_argnames,
-        spec_path,
-        module_names,
-        saving_keywords,
-        passed_on,
-    )
+    gradient = plan_gradient(checked, lowered.values, spec_path, module_names, passed_on)
     if gradient is None:
         return plan
     return dataclasses.replace(plan, gradient=gradient, doc=(*plan.doc, *gradient.public_doc))
-
-
-def _signature(checked: CheckedKernel, backends: tuple[Backend, ...], targets: tuple[str, ...]) -> Signature:
-    """A kernel's public signature (its arrays left out)."""
-    return signature([], [backend.keywords(checked, targets) for backend in backends], checked.kernel.params)

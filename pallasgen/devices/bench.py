@@ -88,7 +88,7 @@ def time_kernel(
 
     name = checked.kernel.name
     kernel = functools.partial(getattr(module, name), **options)
-    reference = getattr(module, f"{name}_reference")
+    reference = getattr(module, name).reference
     if cotangents is None:
         kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs), lambda: jax.jit(reference)(*inputs), repeats)
         flops, moved = work(checked, sizes)
@@ -203,7 +203,7 @@ def sweep(module, checked: CheckedKernel, inputs, candidates: list[dict[str, int
     import jax
 
     kernel = getattr(module, checked.kernel.name)
-    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
+    reference = jax.jit(getattr(module, checked.kernel.name).reference)
     best: tuple[float, dict[str, int]] | None = None
     xla_times = []
     for options in candidates:

@@ -138,7 +138,7 @@ class Estimator:
         name = checked.kernel.name
         args = arguments(checked, sizes, self.sharding)
         kernel = functools.partial(getattr(module, name), interpret=False, **options)
-        reference = getattr(module, f"{name}_reference")
+        reference = getattr(module, name).reference
         if grad:
             cotangents = [struct(decl, sizes, self.sharding) for decl in float_outputs(checked)]
             args = [args, cotangents]

@@ -80,7 +80,7 @@ def tune_gpu(
     import jax
 
     kernel = getattr(module, checked.kernel.name)
-    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
+    reference = jax.jit(getattr(module, checked.kernel.name).reference)
     xla_seconds = []
 
     def measure(chosen: dict[str, int]) -> float:

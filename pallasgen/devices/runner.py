@@ -126,7 +126,7 @@ def random_inputs(checked: CheckedKernel, sizes: dict[str, int], seed: int):
 def run_kernel(module, checked: CheckedKernel, sizes: dict[str, int], seed: int) -> list[RunResult]:
     """Runs the kernel and its reference on the same random inputs; one result per output."""
     kernel = getattr(module, checked.kernel.name)
-    reference = getattr(module, f"{checked.kernel.name}_reference")
+    reference = getattr(module, checked.kernel.name).reference
     inputs = random_inputs(checked, sizes, seed)
     start = time.perf_counter()
     results = kernel(*inputs)
@@ -180,7 +180,7 @@ def run_gradient(module, checked: CheckedKernel, sizes: dict[str, int], seed: in
     import jax
 
     kernel = getattr(module, checked.kernel.name)
-    reference = getattr(module, f"{checked.kernel.name}_reference")
+    reference = getattr(module, checked.kernel.name).reference
     inputs = random_inputs(checked, sizes, seed)
     decls = checked.kernel.inputs
     wrt = [n for n, decl in enumerate(decls) if DTYPES[decl.dtype].is_float]

@@ -28,7 +28,7 @@ from pallasgen.gradients.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import value_key
+from pallasgen.analysis.carries import value_key
 from pallasgen.analysis.names import Namer
 from pallasgen.gradients.reverse import arguments_and_rule, converted, substitute, sum_of, replaced
 from pallasgen.frontend import ir

@@ -71,16 +71,16 @@ def with_gradients(kernels: tuple[CheckedKernel, ...], backends=()) -> tuple[Che
 
 
 def every_kernel(kernels: tuple[CheckedKernel, ...]) -> tuple[CheckedKernel, ...]:
-    """Each kernel, then the kernel that saves its residuals and its backward kernels:
-    all that a module of them defines."""
-    return tuple(k for checked in kernels for k in (checked, *_derived_kernels(checked)))
+    """All that a module of `kernels` defines: each kernel, after the kernel that saves its
+    residuals (which its public function names), and before its backward kernels."""
+    return tuple(k for checked in kernels for k in _with_derived_kernels(checked))
 
 
-def _derived_kernels(checked: CheckedKernel) -> tuple[CheckedKernel, ...]:
+def _with_derived_kernels(checked: CheckedKernel) -> tuple[CheckedKernel, ...]:
     gradient = checked.gradient
     if not gradient:
-        return ()
-    return (*((gradient.saving,) if gradient.saving else ()), *(k.checked for k in gradient.kernels))
+        return (checked,)
+    return (*((gradient.saving,) if gradient.saving else ()), checked, *(k.checked for k in gradient.kernels))
 
 
 def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel]) -> tuple[Gradient, list]:
@@ -96,12 +96,7 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     derived_kernels = [step.kernel for step in derived.steps]
     if derived.residuals:
         derived_kernels.insert(0, _saving_kernel(checked, derived.residuals))
-    found = [
-        _name_taken(kernel.name, name, taken)
-        for k in derived_kernels
-        for name in (k.name, f"{k.name}_reference")  # a derived kernel's public function and its reference
-        if name in taken
-    ]
+    found = [_name_taken(kernel.name, k.name, taken) for k in derived_kernels if k.name in taken]
     if found:
         return Gradient(), found
     checked_kernels = {}
@@ -132,10 +127,9 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
 
 
 def _name_taken(forward: str, name: str, taken: dict[str, ir.Kernel]) -> Diagnostic:
-    what = "function" if name.endswith("_reference") else "kernel"
     return Diagnostic(
         taken[name].position,
-        f"'{name}' is the name of a {what} derived from '{forward}' for jax.grad;"
+        f"'{name}' is the name of a kernel derived from '{forward}' for jax.grad;"
         f" rename this kernel, or say `grad none` in '{forward}'",
     )
 

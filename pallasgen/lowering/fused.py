@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES, promote
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.carries import Carry
-from pallasgen.analysis.fused import FusedKernel, walk_outside
+from pallasgen.analysis.carries import Carry, walk_outside
+from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import body_statements, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
@@ -188,7 +188,7 @@ class FusedLowering:
     def swept(self, store, start: str, ragged: str) -> FusedCode:
         """`start`: the step's first position along the swept dimension (code); `ragged`:
         a condition (code) true when the last block overhangs the dimension."""
-        sweep = self.fused.sweep
+        sweep = self.checked.sweep
         dim = sweep.dim
         self.start, self.ragged = start, ragged
         names = {carry.key: self._carry_names(carry) for carry in sweep.carries}
@@ -257,7 +257,7 @@ class FusedLowering:
 
     def _carry_names(self, carry: Carry) -> list[str]:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
-        base = f"{base}_{self.fused.sweep.dim.lower()}"
+        base = f"{base}_{self.checked.sweep.dim.lower()}"
         parts = running_parts(carry.kind) if carry.kind in FUNCTIONS else (None,)  # not dot, expsum
         return [self.namer.claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
 
@@ -268,7 +268,7 @@ class FusedLowering:
         return DTYPES[self.types[carry.value].dtype.name] if carry.kind != "dot" else None
 
     def _running(self, carry: Carry, names: list[str]) -> list[Running]:
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         if carry.kind == "dot":
             shape = self._shape(carry.node)
             tile = tuple(a for a in self.fused.frame[carry.node] if a)
@@ -288,7 +288,7 @@ class FusedLowering:
 
     def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
         """`name = value`, with `fill` past the swept dimension's end on a ragged last block."""
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         axis = self._axis(node, dim)
         size = self.lowered.sizes[dim]
         return [
@@ -301,7 +301,7 @@ class FusedLowering:
         """The running max after this block; where it rescales others, the shift a step
         subtracts (finite: 0 while every value so far is -inf) and the rescale factor."""
         (name,) = names
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         block = self.namer.claim(f"{name.removesuffix('_ref')}_block")
         value = emitter.cast(carry.value, compute_dtype("max", self._value_dtype(carry)).name)
         lines = self._masked(block, value, carry.value, identity("max", self._value_dtype(carry)))
@@ -323,7 +323,7 @@ class FusedLowering:
         return product.lhs, product.rhs
 
     def _step(self, carry: Carry, names, emitter, scale, shift) -> list[str]:
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         read = [self.placement.read(n) for n in names]
         if carry.kind == "dot":
             product = self.fused.products[carry.node]
@@ -359,7 +359,7 @@ class FusedLowering:
         return lines + [f"{', '.join(new)} = {combined}", *(self.placement.write(n, v) for n, v in zip(names, new))]
 
     def _finish(self, sweep, names, store) -> list[str]:
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         size = self.lowered.sizes[dim]
         lines: list[str] = []
         finals: dict[tuple, str] = {}
@@ -406,7 +406,7 @@ class FusedLowering:
         return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
 
     def _skip_condition(self, emitter, starts=None) -> str | None:
-        skip = self.fused.sweep.skip
+        skip = self.checked.sweep.skip
         if skip is None:
             return None
         return _Bounds(self, emitter, starts or self.spelling.starts).possible(skip.condition)
@@ -419,7 +419,7 @@ class FusedLowering:
     def whole_block(self) -> str | None:
         """Whether the skip's condition holds at every position of the step's block (None:
         no skip), so that no position of it is masked."""
-        skip = self.fused.sweep.skip
+        skip = self.checked.sweep.skip
         if skip is None:
             return None
         return _Bounds(self, self.emitter_for({}), self.spelling.starts).certain(skip.condition)

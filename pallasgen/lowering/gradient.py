@@ -1,9 +1,8 @@
-"""How a generated kernel is differentiated: its public function runs the forward kernel
-through `rt.differentiable` (a `jax.custom_vjp`; see pallasgen/runtime/support.py), whose
-backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
-(gradients.derive). Where they read the kernel's outputs or residuals, the forward
-pass under jax.grad is `_NAME_saving`, which runs the kernel (or NAME_with_residuals)
-and saves what they read. Keywords and params stay static: they are bound, not
+"""How a generated kernel is differentiated: its public function (`rt.kernel`) runs the
+forward kernel as a `jax.custom_vjp` whose backward pass is `_NAME_vjp`, which calls the
+kernel's backward kernels (gradients.derive). Where they read the kernel's outputs or
+residuals, the forward pass under jax.grad saves them (`saves`), running
+NAME_with_residuals for residuals. Keywords and params stay static: they are bound, not
 differentiated."""
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.gradients.derive import Gradient
 from pallasgen.analysis.names import Namer
-from pallasgen.lowering.parts import parameter_list, partial_call
+from pallasgen.lowering.parts import parameter_list
 
 DOC_WIDTH = 88  # a docstring's lines, indented by 4 in a module black keeps to 100
 
@@ -28,30 +27,13 @@ class BackwardCall:
 
 
 @dataclass(frozen=True)
-class SavingPlan:
-    """`_NAME_saving`: the forward pass under jax.grad, where the backward kernels read
-    more than the inputs. It takes the forward function's parameters."""
-
-    function: str
-    call: str  # it, with the keywords that the public function binds
-    doc: tuple[str, ...]
-    targets: str  # what the kernel's call is unpacked into
-    kernel_call: str
-    outputs: str  # what it returns as the outputs
-    saved: str  # and as what it saves (a tuple)
-
-
-@dataclass(frozen=True)
 class GradientPlan:
-    forward_function: str  # the forward pass on checked arrays: expand, dispatch, restore
-    forward_parameters: str
-    forward_call: str  # it, with the keywords that the public function binds
     vjp_function: str  # the backward pass
     vjp_parameters: str
-    vjp_call: str
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
-    saving: SavingPlan | None  # None: the forward pass saves its inputs
+    saves: tuple[str, ...]  # the spec names of what the forward pass saves (none: its inputs)
+    residuals: str | None  # the kernel that returns the residuals saved too (NAME_with_residuals)
     saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
     cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
@@ -59,35 +41,25 @@ class GradientPlan:
     refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
 
 
-def gradient_function_names(kernel: str) -> tuple[str, str, str]:
-    """The module-level functions that differentiating a kernel adds."""
-    return f"_{kernel}_forward", f"_{kernel}_vjp", f"_{kernel}_saving"
+def vjp_function_name(kernel: str) -> str:
+    """The module-level function that differentiating a kernel adds: its backward pass."""
+    return f"_{kernel}_vjp"
 
 
 def plan_gradient(
-    checked: CheckedKernel,
-    values: dict[str, str],
-    sizes: tuple[str, ...],
-    keywords: tuple[str, ...],
-    spec_path: str,
-    taken: frozenset[str],
-    saving_keywords: tuple[str, ...] = (),
-    passed_on: tuple[str, ...] = (),
+    checked: CheckedKernel, values: dict[str, str], spec_path: str, taken: frozenset[str], passed_on: tuple[str, ...] = ()
 ) -> GradientPlan | None:
     """The plan of a kernel's differentiation; None where it has no `gradient`.
 
-    `values` are the Python names of its arrays, `sizes` the variables holding its
-    dimensions' sizes and `keywords` its public keywords; `taken`: module-level names;
-    `saving_keywords`: the public keywords of NAME_with_residuals, if it has one;
+    `values` are the Python names of its arrays; `taken`: module-level names;
     `passed_on`: keywords (beside `interpret`) that the backward kernels take from the call.
     """
     gradient: Gradient | None = checked.gradient
     if gradient is None:
         return None
     kernel = checked.kernel
-    forward_function, vjp_function, saving_function = gradient_function_names(kernel.name)
+    vjp_function = vjp_function_name(kernel.name)
     arrays = [values[d.name] for d in kernel.inputs]
-    bound = [*sizes, *keywords]
     refusal = _refusal(kernel.name, gradient, spec_path)
     params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
     vjp_keywords = [*params, *passed_on, "interpret"] if refusal is None else []
@@ -120,38 +92,22 @@ def plan_gradient(
         *((o.name, "output") for o in kernel.outputs),
         *((r, "residual") for r in gradient.residuals),
     ]
-    saving = None
     if any(source in ("output", "residual") for _, source in read):
-        kept = [names[key] for key in saved_keys if key in read]
-        forward_names = Namer(taken | set(values.values()) | set(bound))
-        residuals = {r: forward_names.claim_spec(r) for r in gradient.residuals}
-        in_forward = {
-            **{(d, s): values[d] for d, s in saved_keys if s != "residual"},
-            **{(r, "residual"): n for r, n in residuals.items()},
-        }
-        saving = _saving(
-            checked,
-            values,
-            [residuals[r] for r in gradient.residuals],
-            [in_forward[key] for key in saved_keys if key in read],
-            (bound, saving_keywords),
-            (saving_function, forward_function),
-        )
-        saved = _unpacked(kept, tuple_of_one=True)
+        kept = [key for key in saved_keys if key in read]
+        saves = tuple(name for name, _ in kept)
+        saved = _unpacked([names[key] for key in kept], tuple_of_one=True)
     else:
+        saves = ()
         saved = _unpacked(
             [names[(d.name, "input")] if (d.name, "input") in read else "_" for d in kernel.inputs], tuple_of_one=True
         )
     return GradientPlan(
-        forward_function=forward_function,
-        forward_parameters=parameter_list(arrays, bound),
-        forward_call=partial_call(forward_function, bound),
         vjp_function=vjp_function,
         vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
-        vjp_call=partial_call(vjp_function, vjp_keywords),
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
-        saving=saving,
+        saves=saves,
+        residuals=gradient.saving.kernel.name if saves and gradient.saving is not None else None,
         saved=saved,
         cotangents=_unpacked(
             [names[(o.name, "cotangent")] if (o.name, "cotangent") in read else "_" for o in kernel.outputs]
@@ -159,40 +115,6 @@ def plan_gradient(
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
-    )
-
-
-def _saving(checked, values, residuals, saved, keywords, functions) -> SavingPlan:
-    """`_NAME_saving`: runs NAME_with_residuals where the kernel has residuals (named
-    `residuals` here), else the forward function, and returns the outputs and what the
-    backward kernels read (`saved`). `keywords`: those the public function binds, and
-    NAME_with_residuals's; `functions`: the saving and the forward function's names."""
-    kernel = checked.kernel
-    gradient = checked.gradient
-    bound, saving_keywords = keywords
-    function, forward_function = functions
-    arrays = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = [values[o.name] for o in kernel.outputs]
-    if gradient.saving is not None:
-        keywords = [k for k in bound if k in saving_keywords]
-        targets = [*outputs, *residuals]
-        kernel_call = f"{gradient.saving.kernel.name}({arrays}, {', '.join(f'{k}={k}' for k in keywords)})"
-        doc = (
-            f"`{kernel.name}` forward under jax.grad, by {gradient.saving.kernel.name}: its outputs, and"
-            f" what its backward kernels read ({', '.join(saved)})."
-        )
-    else:
-        targets = outputs
-        kernel_call = f"{forward_function}({arrays}, {', '.join(f'{k}={k}' for k in bound)})"
-        doc = f"`{kernel.name}` forward under jax.grad: its outputs, and what its backward kernels read ({', '.join(saved)})."
-    return SavingPlan(
-        function=function,
-        call=partial_call(function, bound),
-        doc=tuple(textwrap.wrap(doc, DOC_WIDTH)),
-        targets=", ".join(targets),
-        kernel_call=kernel_call,
-        outputs=", ".join(outputs) if len(outputs) == 1 else f"({', '.join(outputs)})",
-        saved=f"({', '.join(saved)}{',' if len(saved) == 1 else ''})",
     )
 
 

@@ -31,7 +31,17 @@ class ArrayPlan:
     shape: str  # (m, n), for outputs
     layout_shape: str  # its shape laid out over the kernel's layout: (m, 1) for an [M] of [M, N]
     restore: str | None  # reshapes an output of lower rank than the layout to its own shape
+    layout: tuple[str | None, ...]  # how kernels hold it: its dimensions, None where it has size 1
     reference_restore: str | None = None  # the same in the reference (when its layout differs)
+
+    @property
+    def declared(self) -> str:
+        """What the public function's `rt.kernel` says of it: (dtype, dimensions), and the
+        layout where the kernels hold it otherwise (`expand`, `restore`)."""
+        parts = [self.dtype, tuple_code([f'"{d}"' for d in self.dims])]  # dimensions are identifiers
+        if self.expand or self.restore:
+            parts.append(tuple_code(["1" if d is None else f'"{d}"' for d in self.layout]))
+        return f"({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -66,16 +76,13 @@ class LoweredKernel:
 @dataclass(frozen=True)
 class KernelPlan:
     name: str
-    reference_function: str
     doc: tuple[str, ...]
     inputs: tuple[ArrayPlan, ...]
     outputs: tuple[ArrayPlan, ...]
     signature: Signature
     sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
-    reference_parameters: str
-    reference_arguments: str  # the public function's call of the reference: its arrays and params
+    reference_parameters: str  # the public function's: its arrays, then its params
     arguments: str  # the input arrays, in order
-    restores: tuple[str, ...]  # outputs of lower rank than the layout, reshaped to their own
     reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
     backends: dict[str, object]  # each backend's plan, by backend name
@@ -125,6 +132,7 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
                 if len(decl.dims) < len(layout) and decl.name not in operands
                 else None
             ),
+            layout=tuple(layout),
         )
 
     return LoweredKernel(
@@ -164,6 +172,7 @@ def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref
         shape=own,
         layout_shape=layout_shape,
         restore=f"{name} = {name}.reshape({own})" if len(layout) != len(decl.dims) else None,
+        layout=tuple(layout),
         reference_restore=f"{name} = {name}.reshape({own})" if tuple(everywhere) != decl.dims else None,
     )
 
@@ -176,7 +185,6 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
     public = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
     return KernelPlan(
         name=kernel.name,
-        reference_function=f"{kernel.name}_reference",
         doc=_docstring(kernel, public, values),
         inputs=lowered.inputs,
         outputs=lowered.outputs,
@@ -185,11 +193,7 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={param_default(p)}" for p in kernel.params]
         ),
-        reference_arguments=", ".join(
-            [values[d.name] for d in kernel.inputs] + [f"{p.name}={p.name}" for p in kernel.params]
-        ),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
-        restores=tuple(o.restore for o in lowered.outputs if o.restore),
         reference_sizes=tuple(
             f"{sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
             for d in checked.space.layout

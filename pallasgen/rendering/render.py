@@ -57,10 +57,10 @@ def _pieces(plan: ModulePlan) -> tuple[str, list[str]]:
     environment = _environment()
     header = environment.get_template("header.py.j2").render(module=plan)
     kernels = []
-    for kernel in plan.kernels:
-        kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
+    for kernel in plan.kernels:  # its launchers, then its public function, which names them
         for name, template in zip(kernel.backends, plan.templates):
             kernels.append((kernel.name, environment.get_template(template).render(k=kernel, p=kernel.backends[name])))
+        kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
     return header, share_identical_functions(kernels)
 
 

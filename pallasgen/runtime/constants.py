@@ -21,6 +21,22 @@ GPU_LAUNCH_OPTIONS = {
     "stages": ("gpu_stages", (1, 2, 3, 4, 5, 6, 7, 8)),
 }
 
+# How a generated function names each keyword of a backend's launcher as its own: the
+# TPU's block_m is block_m; Triton's block_m, num_warps, num_stages are gpu_block_m,
+# gpu_warps, gpu_stages; Mosaic GPU's block_m, stages are mgpu_block_m, mgpu_stages.
+LAUNCHER_KEYWORDS = {
+    "tpu": ("", {}),
+    "triton": ("gpu_", {"num_warps": "gpu_warps", "num_stages": "gpu_stages"}),
+    "mosaic_gpu": ("mgpu_", {"stages": "mgpu_stages"}),
+}
+
+
+def public_keyword(backend: str, launcher_keyword: str) -> str:
+    """The public keyword that gives a launcher's keyword (`LAUNCHER_KEYWORDS`)."""
+    prefix, renamed = LAUNCHER_KEYWORDS[backend]
+    return renamed.get(launcher_keyword, prefix + launcher_keyword)
+
+
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.
 TPU_DEVICE_KINDS = {

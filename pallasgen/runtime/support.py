@@ -1,8 +1,9 @@
 """The code that every generated module shares, imported there as `rt`.
 
-A generated function checks its call (`operands`, `check_blocks`), answers a call with
-an empty dimension (`without_elements`), and runs the kernel built for the platform it
-is compiled for (`on_platform`): Mosaic on TPU, Triton or Mosaic GPU on NVIDIA GPUs
+A generated function (`kernel`: its reference, and the launch declared as data) checks
+its call (`operands`, `check_blocks`), answers a call with an empty dimension
+(`without_elements`), and runs the kernel built for the platform it is compiled for
+(`on_platform`): Mosaic on TPU, Triton or Mosaic GPU on NVIDIA GPUs
 (`gpu_kernel`), the TPU kernel interpreted elsewhere. Its TPU and GPU launchers choose
 blocks at call time (`tpu_blocks`, `gpu_options`), and its kernel bodies call the small
 functions below (masks, running reductions, Mosaic GPU layouts).
@@ -25,7 +26,7 @@ Keywords every generated function takes beside its arrays and params:
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
 - each param of the spec: a static Python (or NumPy) number of the param's kind.
 
-`jit_with_static_keywords` checks these on every platform before jax sees the call:
+`Kernel` (a generated function, made by `kernel`) checks these on every platform before jax sees the call:
 none is a traced value, and a call that jax could not take fails with a TypeError or
 ValueError that names the kernel.
 
@@ -63,6 +64,7 @@ from pallasgen.runtime.constants import (
     STEP_VMEM_BYTES,
     TPU_DEVICE_KINDS,
     VMEM_LIMIT_BYTES,
+    public_keyword,
     tiles_on_tpu,
 )
 
@@ -367,47 +369,87 @@ def on_platform(
     )
 
 
-def jit_with_static_keywords(function=None, *, params=None):
-    """`jax.jit(function)` with every keyword-only parameter static: a generated
-    function's block sizes, launch options, params and `interpret`. `params` maps each
-    param to its dtype.
+def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residuals=None, **launchers):
+    """The public function of a generated kernel, made from its reference (the function it
+    decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
+    launching its kernels takes. See `Kernel`."""
+    return functools.partial(
+        Kernel,
+        inputs=inputs,
+        outputs=outputs,
+        sizes=sizes,
+        params=params or {},
+        launchers=launchers,
+        vjp=vjp,
+        saves=saves,
+        residuals=residuals,
+    )
 
-    A call is checked before jax sees it, so that none fails deep inside jax: each keyword
-    it passes must be a Python value (a traced value or a jax array is refused: a static
-    keyword is fixed when the call is traced); a param a real number of its kind (a float
-    param's int becomes a float), the launch options and `interpret` values they take
-    (`_check_keywords`). An argument that jax cannot take as an array is named. The
-    result is jitted as `jax.jit` jits it: `trace`, `lower`, `eval_shape` and
-    `clear_cache` are jax's (`jax.export.export` takes it), without these checks.
+
+class Kernel:
+    """A generated kernel's public function: `jax.jit` of its launch, with every keyword
+    static, whose calls are checked before jax sees them.
+
+    - `inputs`, `outputs`: each array's spec name, (dtype, dimensions) and, where the
+      kernels hold it with size 1 along dimensions it lacks, that layout: (1, "N") for
+      an [N] beside [M, N] arrays.
+    - `sizes`: the launchers' keyword for each dimension's size.
+    - `params`: each param's dtype (its default is the reference's).
+    - `tpu`, `triton`, `mosaic_gpu` (in `launchers`): the launcher of each backend the
+      module was generated for (Mosaic GPU's None where it takes no such kernel). Each
+      takes the arrays, and as keywords the sizes, params and `interpret` it names, and
+      its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
+    - `vjp`: the backward pass, `vjp(saved, cotangents, **keywords)` (None: the kernel is
+      not differentiated by backward kernels); `saves`: the names of the arrays it reads,
+      by default the inputs; `residuals`: the kernel that also returns the residuals among
+      them (NAME_with_residuals).
+
+    A call checks its keywords (`_check_keywords`, `check_blocks`), its arrays' dtypes,
+    ranks and sizes (`operands`), answers an empty dimension (`without_elements`), and
+    runs the kernel built for the platform compiled for (`on_platform`). `trace`, `lower`,
+    `eval_shape` and `clear_cache` are jax's, without the checks; they are methods, not
+    attributes: a function that wraps this one (`jax.vmap`) copies its attributes, and a
+    copied `trace` would trace this function rather than the wrapper.
     """
-    if function is None:
-        return functools.partial(jit_with_static_keywords, params=params)
-    return _CheckedJit(function, params or {})
 
+    def __init__(self, reference, *, inputs, outputs, sizes, params, launchers, vjp, saves, residuals):
+        functools.update_wrapper(self, reference)
+        self.reference = reference
+        self._inputs, self._outputs, self._sizes, self._params = inputs, outputs, sizes, params
+        self._defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(reference).parameters.items()
+            if name in params
+        }
+        self._launchers = {
+            backend: _launcher_binding(backend, function, sizes, params) for backend, function in launchers.items()
+        }
+        options = {keyword for _, binding in self._launchers.values() for keyword in binding.values()}
+        if "triton" in launchers and "mosaic_gpu" in launchers:
+            options.add("gpu_backend")
+        self.options = (*sorted(options - set(sizes.values()) - set(params)), "interpret")
+        self._vjp, self._saves, self._residuals = vjp, saves, residuals
 
-class _CheckedJit:
-    """A generated function, jitted, whose calls `jit_with_static_keywords` checks. Its
-    `trace`, `lower`, `eval_shape` and `clear_cache` are methods, not attributes: a
-    function that wraps it (`jax.vmap`) copies its attributes, and a copied `trace` would
-    trace this function rather than the wrapper."""
+        def call(*arrays, **keywords):
+            return self._call(*arrays, **keywords)
 
-    def __init__(self, function, params):
-        functools.update_wrapper(self, function)
-        parameters = inspect.signature(function).parameters.values()
-        keyword_only = inspect.Parameter.KEYWORD_ONLY
-        keywords = [parameter.name for parameter in parameters if parameter.kind is keyword_only]
-        self._arrays = [parameter.name for parameter in parameters if parameter.kind is not keyword_only]
-        self._params = dict(params)
-        self._jitted = jax.jit(function, static_argnames=keywords)
+        call.__name__ = call.__qualname__ = reference.__name__  # as jax names the jitted function
+        self._jitted = jax.jit(call, static_argnames=(*params, *self.options))
 
-    def __call__(self, *args, **options):
-        if options:
-            options = _check_keywords(self.__name__, self._params, options)
+    def __call__(self, *arrays, **keywords):
+        name = self.__name__
+        if len(arrays) != len(self._inputs):
+            raise TypeError(f"{name} takes {len(self._inputs)} arrays ({', '.join(self._inputs)}), got {len(arrays)}")
+        unknown = sorted(set(keywords) - set(self._params) - set(self.options))
+        if unknown:
+            taken = ", ".join((*self._params, *self.options))
+            raise TypeError(f"{name} got an unexpected keyword {unknown[0]!r}; it takes {taken}")
+        keywords = _check_keywords(name, self._params, keywords)
+        check_blocks(name, may_be_none=True, **{k: v for k, v in keywords.items() if k.startswith(_BLOCKS)})
         try:
-            return self._jitted(*args, **options)
+            return self._jitted(*arrays, **keywords)
         except (TypeError, ValueError):
-            given = [*zip(self._arrays, args), *((name, options[name]) for name in self._arrays if name in options)]
-            _refuse_non_arrays(self.__name__, given)
+            _refuse_non_arrays(name, zip(self._inputs, arrays))
             raise
 
     def trace(self, *args, **keywords):
@@ -422,9 +464,91 @@ class _CheckedJit:
     def clear_cache(self):
         return self._jitted.clear_cache()
 
+    @property
+    def output_names(self):
+        return tuple(self._outputs)
+
+    def _call(self, *arrays, **keywords):
+        """The jitted call: checked arrays, then the kernel (differentiable by `vjp`)."""
+        operands_ = {name: (array, spec[0], spec[1]) for (name, spec), array in zip(self._inputs.items(), arrays)}
+        arrays, sizes = operands(self.__name__, operands_)
+        params = {name: keywords.get(name, self._defaults[name]) for name in self._params}
+        options = {name: keywords.get(name, _OPTION_DEFAULTS.get(name)) for name in self.options}
+        if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+            shapes = [(tuple(sizes[d] for d in spec[1]), spec[0]) for spec in self._outputs.values()]
+            return without_elements(self.__name__, sizes, self.reference, shapes, *arrays, **params)
+        forward = functools.partial(self._launch, sizes=sizes, params=params, options=options)
+        if self._vjp is None:
+            return forward(*arrays)
+        given = {**params, **options}
+        wanted = inspect.signature(self._vjp).parameters
+        backward = functools.partial(self._vjp, **{k: v for k, v in given.items() if k in wanted})
+        saving = functools.partial(self._saving, forward=forward, given=given) if self._saves else None
+        return differentiable(forward, backward, *arrays, saving=saving)
+
+    def _launch(self, *arrays, sizes, params, options):
+        """The kernel of the platform compiled for, on `arrays` laid out as it holds them."""
+        arrays = [_laid_out(array, spec, sizes) for array, spec in zip(arrays, self._inputs.values())]
+        given = {**{keyword: sizes[dim] for dim, keyword in self._sizes.items()}, **params, **options}
+        kernels = {
+            backend: None if function is None else functools.partial(function, **{k: given[v] for k, v in binding.items()})
+            for backend, (function, binding) in self._launchers.items()
+        }
+        if "gpu_backend" in self.options:
+            kernels["gpu_backend"] = options["gpu_backend"]
+        results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
+        if len(self._outputs) == 1:
+            return _own_shape(results, next(iter(self._outputs.values())), sizes)
+        return tuple(_own_shape(result, spec, sizes) for result, spec in zip(results, self._outputs.values()))
+
+    def _saving(self, *arrays, forward, given):
+        """The forward pass under jax.grad: the outputs, and the arrays `vjp` reads (`saves`),
+        from the kernel's own outputs or, where it reads residuals, NAME_with_residuals's."""
+        if self._residuals is None:
+            results = forward(*arrays)
+            results = results if len(self._outputs) > 1 else (results,)
+            named = dict(zip(self._outputs, results))
+        else:
+            keywords = {k: v for k, v in given.items() if k in self._residuals.options or k in self._residuals._params}
+            results = self._residuals(*arrays, **keywords)
+            named = dict(zip(self._residuals.output_names, results))
+            results = results[: len(self._outputs)]
+        named.update(zip(self._inputs, arrays))
+        outputs = results if len(self._outputs) > 1 else results[0]
+        return outputs, tuple(named[name] for name in self._saves)
+
+
+_BLOCKS = ("block_", "gpu_block_")  # the TPU's and Triton's block keywords, checked by `check_blocks`
+_OPTION_DEFAULTS = {"gpu_backend": GPU_BACKENDS[0]}  # every other keyword's default is None
+
+
+def _launcher_binding(backend, function, sizes, params):
+    """A backend's launcher, and the public keyword (or size keyword, or param) that gives
+    each of its keywords but `interpret`."""
+    if function is None:
+        return None, {}
+    own = {name for name in (*sizes.values(), *params, "interpret")}
+    binding = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "interpret":
+            binding[name] = name if name in own else public_keyword(backend, name)
+    return function, binding
+
+
+def _laid_out(array, spec, sizes):
+    """An input as the kernels hold it (`spec`'s layout, where it has one)."""
+    if len(spec) < 3:
+        return array
+    return array.reshape(tuple(1 if dim == 1 else sizes[dim] for dim in spec[2]))
+
+
+def _own_shape(result, spec, sizes):
+    """An output that the kernels hold with size 1 along dimensions it lacks, in its own shape."""
+    return result if len(spec) < 3 else result.reshape(tuple(sizes[dim] for dim in spec[1]))
+
 
 def _check_keywords(kernel, params, options):
-    """The keywords of a call (`options`), checked as `jit_with_static_keywords` says:
+    """The keywords of a call (`options`), checked as `Kernel` says:
     `params` maps each param to its dtype. Block sizes are checked by `check_blocks`."""
     checked = dict(options)
     for name, value in options.items():

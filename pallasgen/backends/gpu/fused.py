@@ -86,7 +86,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     kernel, fused = checked.kernel, checked.fused
     namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
     settings = checked.settings["gpu"]
-    swept = fused.sweep.dim if fused.sweep else None
+    swept = checked.sweep.dim if checked.sweep else None
     grid = [*fused.batch, *fused.parallel]
     index_names = {d: (d.lower() if d in fused.batch else f"i{n}") for n, d in enumerate(grid)}
     tunable = tunable_dims(checked)

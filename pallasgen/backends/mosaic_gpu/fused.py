@@ -158,8 +158,8 @@ class _Lowering(FusedLowering):
                 name = self.namer.claim("operand")
                 lines += [
                     f"{name} = {code}",
-                    f"if {self.ragged}:  # a ragged {self.fused.sweep.dim}: 0 past its end",
-                    f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.fused.sweep.dim]}, {contracts}, 0)",
+                    f"if {self.ragged}:  # a ragged {self.checked.sweep.dim}: 0 past its end",
+                    f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.checked.sweep.dim]}, {contracts}, 0)",
                 ]
                 code = name
             operands.append(code)
@@ -203,7 +203,7 @@ class _Lowering(FusedLowering):
         """A carry's tile axes once the pass is done (the swept one gone)."""
         if carry.kind == "dot":
             return self.fused.frame[carry.node]
-        return tuple(None if a == self.fused.sweep.dim else a for a in self.fused.frame[carry.value])
+        return tuple(None if a == self.checked.sweep.dim else a for a in self.fused.frame[carry.value])
 
     def _running(self, carry: Carry, names: list[str]) -> list[Running]:
         found = super()._running(carry, names)
@@ -216,7 +216,7 @@ class _Lowering(FusedLowering):
         return [Running(r.name, tuple_code([self.extents[dim]]), r.dtype, r.initial, r.comment, r.dims) for r in found]
 
     def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         return [
             f"{name} = {value}",
             f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
@@ -227,7 +227,7 @@ class _Lowering(FusedLowering):
         """The running max after this block (a vector); where it rescales others, the
         shift spread over the block's tile, and the rescale factor (a vector)."""
         (name,) = names
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         axis = self._axis(carry.value, dim)
         dtype = self._value_dtype(carry)
         block = self.namer.claim(f"{name}_block")
@@ -247,7 +247,7 @@ class _Lowering(FusedLowering):
         ]
 
     def _step(self, carry: Carry, names, emitter, scale, shift) -> list[str]:
-        dim = self.fused.sweep.dim
+        dim = self.checked.sweep.dim
         (name,) = names[:1]
         if carry.kind == "dot":
             lines, term = self.product(carry.node, emitter, masked=True)
@@ -342,7 +342,7 @@ class FusedPlanner:
         }
         self.starts = {d: self.index[d] for d in fused.batch}
         self.starts |= {d: self.namer.claim(f"{d.lower()}_start") for d in fused.parallel}
-        self.starts[fused.sweep.dim] = self.namer.claim(f"{fused.sweep.dim.lower()}_start")
+        self.starts[self.checked.sweep.dim] = self.namer.claim(f"{self.checked.sweep.dim.lower()}_start")
 
     def scratch(self, axes, dtype: str) -> str:
         """A shared-memory tile for a product's operand that is a value."""
@@ -357,7 +357,7 @@ class FusedPlanner:
     def plan(self):
         kernel = self.kernel
         code, lowering = self._code()
-        streamed = [d for d in kernel.inputs if self.fused.sweep.dim in d.dims]
+        streamed = [d for d in kernel.inputs if self.checked.sweep.dim in d.dims]
         once = [d for d in kernel.inputs if d not in streamed]
         barrier = self.namer.claim("barrier")
         body = self._program()
@@ -385,7 +385,7 @@ class FusedPlanner:
 
     def _code(self):
         """The pass's code (lowering.fused, Mosaic GPU's way) and its lowering."""
-        fused, sizes, swept = self.fused, self.sizes, self.fused.sweep.dim
+        fused, sizes, swept = self.fused, self.sizes, self.checked.sweep.dim
         extents = {d: block_keyword(d) for d in self.blocked + self.whole}
         spelling = _Spelling(fused, sizes, extents, self.starts, padded=frozenset(self.whole))
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
@@ -408,7 +408,7 @@ class FusedPlanner:
                 lets=lets,
                 frame=fused.frame,
                 extents=extents,
-                tiles=set(fused.sweep.running),
+                tiles=set(self.checked.sweep.running),
                 **EMITTER_OPTIONS,
             )
 
@@ -460,7 +460,7 @@ class FusedPlanner:
 
     def _spec(self, decl) -> str:
         """The pipeline's block of an input along the swept dimension."""
-        fused, swept = self.fused, self.fused.sweep.dim
+        fused, swept = self.fused, self.checked.sweep.dim
         dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
         index_map = tuple_code(["i" if d == swept else "0" for d in dims])
         transforms = ""
@@ -472,7 +472,7 @@ class FusedPlanner:
     def _pipeline(self, code, lowering, streamed) -> list[str]:
         """The pass over the swept dimension's blocks: a pipeline carrying the running values;
         a block the skip's condition rules out leaves them as they are."""
-        swept, namer = self.fused.sweep.dim, self.namer
+        swept, namer = self.checked.sweep.dim, self.namer
         steps, carried, step, compute = (namer.claim(x) for x in ("indices", "carry", "step", "compute"))
         names = [r.name for r in code.running]
         unpacked = ", ".join(names) + ("," if len(names) == 1 else "")

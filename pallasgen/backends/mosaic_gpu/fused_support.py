@@ -29,7 +29,7 @@ def product_dtypes(checked: CheckedKernel, node: ir.Binary) -> tuple[str, str | 
 def fused_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this fused kernel, or None if it does."""
     fused, kernel = checked.fused, checked.kernel
-    if fused.sweep is None:
+    if checked.sweep is None:
         return "a fused kernel without a swept dimension is not on Mosaic GPU yet"
     for node, product in fused.products.items():
         lhs, rhs = (checked.types[v].dtype.name for v in (product.lhs, product.rhs))
@@ -39,7 +39,7 @@ def fused_problem(checked: CheckedKernel) -> str | None:
         if product.lhs_contracts == 0:
             return "a fused product whose left tile is contracted along its rows is not on Mosaic GPU yet"
     inputs = {d.name for d in kernel.inputs}
-    for carry in fused.sweep.carries:
+    for carry in checked.sweep.carries:
         if carry.kind == "dot" and all(
             isinstance(v, ir.Name) and v.id in inputs
             for v in (fused.products[carry.node].lhs, fused.products[carry.node].rhs)
@@ -55,7 +55,7 @@ def fused_problem(checked: CheckedKernel) -> str | None:
             return f"{carry.kind}() over the swept dimension of a fused kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
         if isinstance(node, ir.Call) and node.func != "softmax" and FUNCTIONS[node.func].reducer is not None:
-            if FUNCTIONS[node.func].reducer.merge is None and node not in fused.sweep.results:
+            if FUNCTIONS[node.func].reducer.merge is None and node not in checked.sweep.results:
                 return f"{node.func}() over a tile of a fused kernel is not on Mosaic GPU yet"
     arrays = kernel.inputs + kernel.outputs
     if any(not [d for d in a.dims if d not in fused.batch] for a in arrays):

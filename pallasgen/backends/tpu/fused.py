@@ -13,7 +13,8 @@ import textwrap
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import array_axes, walk_outside
+from pallasgen.analysis.carries import walk_outside
+from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
@@ -57,7 +58,7 @@ def grid_dims(checked: CheckedKernel) -> list[str]:
     swept one: Mosaic wants the parallel axes to be a prefix of the grid."""
     fused = checked.fused
     kept = [*fused.batch, *fused.parallel]
-    swept = [fused.sweep.dim] if fused.sweep else []
+    swept = [checked.sweep.dim] if checked.sweep else []
     return sorted(kept, key=lambda d: not in_every_output(checked.kernel, d)) + swept
 
 
@@ -103,16 +104,16 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     starts = {}
     prologue = []
     for axis, dim in enumerate(grid):
-        if fused.sweep and dim == fused.sweep.dim:
+        if checked.sweep and dim == checked.sweep.dim:
             continue
         start = namer.claim(f"{dim.lower()}_start")
         starts[dim] = start
         block = "" if dim in fused.batch else f" * {block_keyword(dim)}"
         prologue.append(f"{start} = pl.program_id({axis}){block}")
     step = namer.claim("step")
-    if fused.sweep:
-        sweep_start = namer.claim(f"{fused.sweep.dim.lower()}_start")
-        starts[fused.sweep.dim] = sweep_start
+    if checked.sweep:
+        sweep_start = namer.claim(f"{checked.sweep.dim.lower()}_start")
+        starts[checked.sweep.dim] = sweep_start
     spelling = FrameSpelling(fused, sizes, extents, starts)
 
     def emitter_for(overrides):
@@ -123,7 +124,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     # body are those of a strip, whose extents the strip function takes.
     strip_extents = None
     if striped(checked):
-        strip_extents = {d: namer.claim(f"strip_{d.lower()}") for d in (fused.row, fused.sweep.dim)}
+        strip_extents = {d: namer.claim(f"strip_{d.lower()}") for d in (fused.row, checked.sweep.dim)}
     body_spelling = FrameSpelling(fused, sizes, {**extents, **(strip_extents or {})}, starts)
 
     def body_emitter_for(overrides):
@@ -135,8 +136,8 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     accumulator = None
     scratch_refs = []
     running = ()
-    if fused.sweep:
-        dim = fused.sweep.dim
+    if checked.sweep:
+        dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
         code = body_lowering.swept(ref_store(refs), sweep_start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
@@ -229,7 +230,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         grid=tiling.grid_code(sizes),
         grid_comment=_wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics)),
         in_specs=tuple(
-            (_skipped_comment(a.comment, d, fused, live), block_specs[d.name])
+            (_skipped_comment(a.comment, d, checked.sweep, live), block_specs[d.name])
             for a, d in zip(lowered.inputs, kernel.inputs)
         ),
         out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
@@ -288,7 +289,7 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
         f" grown on a known TPU. None: any other chip, and CPU (the spec's blocks)."
     )
     fused = checked.fused
-    grown = {fused.row, *([fused.sweep.dim] if fused.sweep else [])}
+    grown = {fused.row, *([checked.sweep.dim] if checked.sweep else [])}
     # A kernel computed in strips grows up to a power of two within the dimension, so that its
     # strips and key runs tile the block (a ragged last block instead of an unaligned one).
     bound = "min(1 << ({}.bit_length() - 1), {})" if striped else "min({}, {})"
@@ -308,11 +309,11 @@ def striped(checked: CheckedKernel) -> bool:
     it skips blocks by a condition on the positions of its rows and swept dimension only,
     both blocked, and its last step reads no position."""
     fused = checked.fused
-    if not fused.sweep or not fused.sweep.skip or fused.row not in checked.blocks:
+    if not checked.sweep or not checked.sweep.skip or fused.row not in checked.blocks:
         return False
-    dims = {fused.row, fused.sweep.dim}
-    read = [n for n in ir.walk(fused.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
-    outside = [n for s in fused.sweep.finish for n in walk_outside(s.value, fused.sweep.results)]
+    dims = {fused.row, checked.sweep.dim}
+    read = [n for n in ir.walk(checked.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
+    outside = [n for s in checked.sweep.finish for n in walk_outside(s.value, checked.sweep.results)]
     finish = [n for n in outside if isinstance(n, ir.Call) and n.func == "index"]
     return all(n.args[0].id in dims for n in read) and not finish
 
@@ -321,7 +322,7 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
     """The strip function's parameters and call (views of the refs its body reads, the
     strip's first positions and extents), and the launcher's choice of strips."""
     kernel, fused = checked.kernel, checked.fused
-    row, dim = fused.row, fused.sweep.dim
+    row, dim = fused.row, checked.sweep.dim
 
     def view(name, axes):
         index = ["pl.ds(row, rows)" if a == row else "pl.ds(col, cols)" if a == dim else ":" for a in axes]
@@ -389,15 +390,15 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
             axes.append(BlockAxis(None, "one", None))
         elif dim not in checked.blocks:
             axes.append(BlockAxis(dim, "whole", None))
-        elif live and fused.sweep and dim == fused.sweep.dim:
+        elif live and checked.sweep and dim == checked.sweep.dim:
             axes.append(BlockAxis(dim, "block", index_names[dim], live))
         else:
             axes.append(BlockAxis(dim, "block", index_names[dim]))
     return ArrayBlocks(decl.name, tuple(axes))
 
 
-def _skipped_comment(comment: str, decl: ir.ArrayDecl, fused, live) -> str:
-    if live and fused.sweep.dim in decl.dims:
+def _skipped_comment(comment: str, decl: ir.ArrayDecl, sweep, live) -> str:
+    if live and sweep.dim in decl.dims:
         return f"{comment}; a skipped step's block is block 0, fetched at most once"
     return comment
 
