@@ -195,9 +195,10 @@ def test_gpu_kernel_matches_numpy(attention, name, sizes, monkeypatch):
 @pytest.mark.parametrize("sizes", SMALLER_THAN_A_BLOCK)
 def test_triton_dots_are_as_deep_as_tritons_dot_takes(attention, name, sizes):
     """Each dot of the Triton kernel contracts a block at least as deep as Triton's dot
-    takes (16 for bf16). Interpret mode computes shallower dots right, but Triton's
-    compiler does not: at D=3 and D=1 the attention kernels held D in a block of 4 and 1
-    and gave wrong values on an H200 (issue 33). Lowering for CUDA needs no GPU."""
+    takes (16 for bf16). Interpret mode computes shallower dots right; Triton does not
+    take them: at D=3 and D=1 the attention kernels, holding D in a block of 4 and 1,
+    compiled with XLA's Triton and gave wrong values on an H200 (issue 33), and upstream
+    Triton fails an assertion. Lowering for CUDA needs no GPU."""
     arrays = inputs(name, np.random.default_rng(3), **sizes)
     kernels = compile_only.triton_ir(functools.partial(getattr(attention, name), interpret=False), arrays)
     assert kernels

@@ -379,6 +379,16 @@ def unmasked_accesses(ttir: str | TritonKernel) -> list[str]:
     return found
 
 
+def _operand_count(rest: str) -> int:
+    """SSA operands of a tt.load/tt.store, pretty (`%a, %b : ...`) or generic (`("%a, %b")`)."""
+    rest = rest.lstrip()
+    if rest.startswith('"'):
+        rest = rest[1:]
+    if rest.startswith("("):  # generic form
+        return len(re.findall(r"%[\w.#]+", rest[: rest.index(")")]))
+    return len(re.findall(r"%[\w.#]+", rest.split(":", 1)[0]))
+
+
 # --------------------------------------------------------------------------- dots
 
 # `%7 = tt.dot %1, %2, %3, ... : tensor<16x4xbf16> * tensor<4x16xbf16> -> tensor<16x16xf32>`
@@ -393,9 +403,9 @@ def shallow_dots(ttir: str | TritonKernel) -> list[str]:
     """Every tt.dot in the IR whose depth is less than Triton's dot takes for its
     operands, as "line N: %7 = tt.dot ... : tensor<16x4xbf16> * ...".
 
-    Pallas emits tt.dot without the check that tl.dot makes. XLA's Triton compiled the
-    attention kernels' dots of depth 4 and 1 (D=3, D=1), which gave wrong values on an
-    H200 (issue 33); upstream Triton fails an assertion in TritonGPUAccelerateMatmul.
+    Pallas emits tt.dot without the check that tl.dot makes. XLA's Triton compiled
+    attention kernels whose dots had depth 4 and 1 (D=3, D=1), and they gave wrong values
+    on an H200 (issue 33); upstream Triton fails an assertion in TritonGPUAccelerateMatmul.
     """
     found = []
     for number, line in enumerate(str(ttir).splitlines(), 1):
@@ -407,13 +417,3 @@ def shallow_dots(ttir: str | TritonKernel) -> list[str]:
         if depth < SMALLEST_DOT_DEPTH[bits]:
             found.append(f"line {number}: {line.strip()}")
     return found
-
-
-def _operand_count(rest: str) -> int:
-    """SSA operands of a tt.load/tt.store, pretty (`%a, %b : ...`) or generic (`("%a, %b")`)."""
-    rest = rest.lstrip()
-    if rest.startswith('"'):
-        rest = rest[1:]
-    if rest.startswith("("):  # generic form
-        return len(re.findall(r"%[\w.#]+", rest[: rest.index(")")]))
-    return len(re.findall(r"%[\w.#]+", rest.split(":", 1)[0]))

@@ -52,8 +52,8 @@ class GpuBlockPlan:
 
 # Triton's tl.dot takes tiles of at least 16 rows and columns, and a depth of at least
 # 16, or 32 for 8-bit operands (the int8 tensor-core instruction's depth). Pallas emits
-# Triton's dot without tl.dot's check of the depth: attention's dots of depth 4 and 1
-# compiled with XLA's Triton and gave wrong values on an H200 (issue 33).
+# Triton's dot without tl.dot's check of the depth: attention kernels whose dots had
+# depth 4 and 1 compiled with XLA's Triton and gave wrong values on an H200 (issue 33).
 SMALLEST_DOT_TILE = 16
 SMALLEST_INT8_DOT_DEPTH = 32
 
@@ -63,7 +63,7 @@ class GpuPlan:
     function: str
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
-    whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, smallest) of dimensions held whole
+    whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, least block) of dimensions held whole
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
