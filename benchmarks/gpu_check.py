@@ -10,17 +10,17 @@ Run by hand on a GPU host (results go to benchmarks/RESULTS.md):
 and later; kernels Mosaic GPU does not take run on Triton, as their docstrings say).
 
 Each kernel runs through its public function (the platform picks the Triton
-kernel) with default GPU blocks, and with 16-wide blocks so that small sizes span
-several programs. It is compared with its independent NumPy float64 reference
+kernel) with default GPU blocks, and with 16-wide blocks (each `gpu_block_*` option at
+16, or at the spec's block where that is smaller) so that small sizes span several
+programs. It is compared with its independent NumPy float64 reference
 where tests/kernel_cases.py has one, and with `NAME.reference` run by XLA on the
 CPU otherwise (products: float64 einsum of the operands for plain products).
 Under `compute-sanitizer --tool memcheck` this also proves no access leaves its
-array.
+array. tests/test_gpu_check.py runs the check on CPU, the Triton kernels interpreted.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from kernel_cases import (  # noqa: E402
     generic_tolerances,
     has_matmul,
     make_inputs,
+    small_gpu_blocks,
     spec_inputs,
     spec_outputs,
 )
@@ -58,14 +59,6 @@ def sizes_for(module: str, kernel: str, size_class: str) -> dict[str, int]:
     if module == "add_vectors" and size_class == "ragged":
         sizes["N"] = 3_000_001
     return sizes
-
-
-def small_gpu_blocks(function) -> dict[str, int]:
-    return {
-        name: min(16, param.default)
-        for name, param in inspect.signature(function).parameters.items()
-        if name.startswith("gpu_block_")
-    }
 
 
 def cpu_reference(module: str, kernel: str, arrays):

@@ -121,10 +121,12 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
     operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
+    padded_n = n + -n % block_n
+    x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(_add_vectors_mosaic_gpu_kernel, block_n=block_n),
-        out_type=(jax.ShapeDtypeStruct((n,), jnp.float32),),
-        grid=(pl.cdiv(n, block_n),),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid=(pl.cdiv(padded_n, block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
@@ -280,10 +282,15 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
     """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
     the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
+    padded_n = n + -n % block_n
+    dz = rt.mgpu_pad(dz, (padded_n,))
     dx, dy = plgpu.kernel(
         functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),
-        out_type=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),
-        grid=(pl.cdiv(n, block_n),),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
+        ),
+        grid=(pl.cdiv(padded_n, block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(dz)

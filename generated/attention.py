@@ -311,7 +311,7 @@ def _attention_gpu(
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
@@ -932,7 +932,7 @@ def _attention_backward_dq_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
@@ -1592,7 +1592,7 @@ def _attention_backward_dkdv_gpu(
         (block_t, block_s, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_gpu_kernel,
@@ -2196,7 +2196,7 @@ def _attention_dq_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
@@ -2808,7 +2808,7 @@ def _attention_dkdv_gpu(
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
         # One program per element of B, element of H, block of T; programs run concurrently.
@@ -3292,7 +3292,7 @@ def _attention_full_with_residuals_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale
@@ -3719,7 +3719,7 @@ def _attention_full_gpu(
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently.
@@ -4141,7 +4141,7 @@ def _attention_full_backward_dq_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dq_gpu_kernel,
@@ -4629,7 +4629,7 @@ def _attention_full_backward_dkdv_gpu(
         (block_t, block_s, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_gpu_kernel,
@@ -5206,7 +5206,7 @@ def _attention_bottom_right_with_residuals_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_gpu_kernel,
@@ -5748,7 +5748,7 @@ def _attention_bottom_right_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_gpu_kernel,
@@ -6324,7 +6324,7 @@ def _attention_bottom_right_backward_dq_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_gpu_kernel,
@@ -6978,7 +6978,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
         (block_t, block_s, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_gpu_kernel,
@@ -7479,7 +7479,7 @@ def _gqa_with_residuals_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
@@ -7876,7 +7876,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
@@ -8295,7 +8295,7 @@ def _gqa_backward_dq_gpu(
         (block_s, block_t, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run
@@ -8781,7 +8781,7 @@ def _gqa_backward_dkdv_gpu(
         (block_t, block_s, num_warps, num_stages),
         16,
     )
-    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
         # One program per element of B, element of G, element of R, block of T; programs run
@@ -10458,7 +10458,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
-    block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    block_k = max(16, pl.next_power_of_2(k))  # all of K in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; programs run concurrently. Each holds all of

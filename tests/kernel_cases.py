@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from pallasgen.runtime.constants import public_keyword
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "generated"
 
@@ -112,6 +114,24 @@ def block_defaults(kernel_fn) -> dict[str, int]:
         return {}
     table = module[f"_{kernel_fn.__name__}_tpu_blocks"]
     return dict(zip(keywords, table.chips[None]["default"]))
+
+
+def gpu_block_defaults(kernel_fn) -> dict[str, int]:
+    """The kernel's `gpu_block_<dim>` keywords (among `kernel_fn.options`) and the spec's
+    block for each: the built-in entry of its Triton launcher's table holds the blocks
+    first, in the order of the launcher's `block_<dim>` keywords."""
+    namespace = kernel_fn.__wrapped__.__globals__
+    launcher = namespace[f"_{kernel_fn.__name__}_gpu"]
+    blocks = [name for name in inspect.signature(launcher).parameters if name.startswith("block_")]
+    table = namespace[f"_{kernel_fn.__name__}_gpu_options"]
+    defaults = {public_keyword("triton", name): block for name, block in zip(blocks, table[None])}
+    return {name: defaults[name] for name in kernel_fn.options if name.startswith("gpu_block_")}
+
+
+def small_gpu_blocks(kernel_fn) -> dict[str, int]:
+    """Each `gpu_block_<dim>` keyword of the kernel at 16, or at the spec's block where
+    that is smaller (one row per program stays one row)."""
+    return {name: min(16, block) for name, block in gpu_block_defaults(kernel_fn).items()}
 
 
 # --------------------------------------------------------------------------- operands

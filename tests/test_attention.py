@@ -167,8 +167,15 @@ def test_tpu_simulation_matches_numpy(attention, name):
     compare(name, got, expected(name, arrays))
 
 
+# Smaller than a GPU block in every dimension. The dimension a program holds whole (D;
+# rmsnorm_matmul's K, which `inputs` sizes by `s`) takes a block of at least 16, Triton's
+# least dot depth for bf16, masked past its end.
+SMALLER_THAN_A_BLOCK = [dict(s=8, t=5, d=3), dict(s=1, t=1, d=1)]
+
+
 @pytest.mark.parametrize("name", KERNELS)
-def test_gpu_kernel_matches_numpy(attention, name, monkeypatch):
+@pytest.mark.parametrize("sizes", [dict(s=70, t=90, d=40), *SMALLER_THAN_A_BLOCK])
+def test_gpu_kernel_matches_numpy(attention, name, sizes, monkeypatch):
     take_gpu_branch(monkeypatch, attention)
     function = getattr(attention, name)
     function.clear_cache()
@@ -177,11 +184,75 @@ def test_gpu_kernel_matches_numpy(attention, name, monkeypatch):
         for k in ("gpu_block_s", "gpu_block_t", "gpu_block_m", "gpu_block_n")
         if k in function.options
     }
-    arrays = inputs(name, np.random.default_rng(1), s=70, t=90, d=40)
+    arrays = inputs(name, np.random.default_rng(1), **sizes)
     try:
         compare(name, function(*arrays, **blocks, interpret=True), expected(name, arrays))
     finally:
         function.clear_cache()
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("sizes", SMALLER_THAN_A_BLOCK)
+def test_triton_dots_are_as_deep_as_tritons_dot_takes(attention, name, sizes):
+    """Each dot of the Triton kernel contracts a block at least as deep as Triton's dot
+    takes (16 for bf16). Interpret mode computes shallower dots right; Triton does not
+    take them: at D=3 and D=1 the attention kernels, holding D in a block of 4 and 1,
+    compiled with XLA's Triton and gave wrong values on an H200 (issue 33), and upstream
+    Triton fails an assertion. Lowering for CUDA needs no GPU."""
+    arrays = inputs(name, np.random.default_rng(3), **sizes)
+    kernels = compile_only.triton_ir(functools.partial(getattr(attention, name), interpret=False), arrays)
+    assert kernels
+    assert not [dot for ttir in kernels for dot in compile_only.shallow_dots(ttir)]
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_full", "attention_bottom_right", "gqa", "rmsnorm_matmul"])
+@pytest.mark.parametrize("sizes", SMALLER_THAN_A_BLOCK)
+def test_triton_dots_of_the_gradient_are_as_deep_as_tritons_dot_takes(attention, name, sizes):
+    """The same for the kernels jax.grad runs: the forward kernel that saves residuals and
+    the backward kernels derived from the spec."""
+    function = functools.partial(getattr(attention, name), interpret=False)
+    arrays = inputs(name, np.random.default_rng(3), **sizes)
+
+    def loss(*arrays):
+        return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(function(*arrays)))
+
+    kernels = compile_only.triton_ir(jax.grad(loss, argnums=tuple(range(len(arrays)))), arrays)
+    assert any("backward" in ttir.name for ttir in kernels)
+    assert not [dot for ttir in kernels for dot in compile_only.shallow_dots(ttir)]
+
+
+INT8_PRODUCTS = """
+kernel swept_int8 {
+    in  x: i8[M, K]
+    in  w: i8[K, N]
+    out y: f32[M, N]
+    y = softmax(f32(x @ w), N)
+    block M = 128, K = 512
+}
+
+kernel whole_int8 {
+    in  x: i8[M, K]
+    in  w: i8[K, N]
+    out y: i32[M, N]
+    y = (x @ w) + i32(sum(x, K))
+    block M = 128, N = 128
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["swept_int8", "whole_int8"])
+def test_triton_dots_of_8_bit_operands_are_32_deep(tmp_path, name):
+    """An int8 dot's depth is at least 32 (Triton's int8 tensor-core instruction), where
+    the kernel sweeps K in blocks and where it holds K whole, even with K=5."""
+    from kernel_cases import load_module
+
+    path = tmp_path / "int8_products.py"
+    path.write_text(generate(INT8_PRODUCTS, "k.pallas", "k.pallas"), encoding="utf-8")
+    function = getattr(load_module(path, f"_int8_products_{name}"), name)
+    args = [jax.ShapeDtypeStruct((8, 5), jnp.int8), jax.ShapeDtypeStruct((5, 3), jnp.int8)]
+    kernels = compile_only.triton_ir(functools.partial(function, interpret=False), args)
+    assert kernels
+    assert not [dot for ttir in kernels for dot in compile_only.shallow_dots(ttir)]
 
 
 def test_the_reference_matches_numpy(attention):
@@ -357,6 +428,16 @@ def test_mosaic_compiles_the_kernel(attention, name, chip):
 @pytest.mark.parametrize("name", KERNELS)
 def test_triton_compiles_the_kernel_with_every_access_masked(attention, name):
     assert_triton_compiles_masked(functools.partial(getattr(attention, name), interpret=False), abstract(name))
+
+
+@compiled
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("sizes", SMALLER_THAN_A_BLOCK)
+def test_triton_compiles_the_kernel_smaller_than_a_block_with_every_access_masked(attention, name, sizes):
+    """Upstream Triton fails an assertion on a dot shallower than it takes (see
+    test_triton_dots_are_as_deep_as_tritons_dot_takes)."""
+    arrays = inputs(name, np.random.default_rng(3), **sizes)
+    assert_triton_compiles_masked(functools.partial(getattr(attention, name), interpret=False), arrays)
 
 
 ONE_PASS_ERRORS = {

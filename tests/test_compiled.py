@@ -355,6 +355,20 @@ def test_the_mask_check_reads_pretty_and_generic_forms():
     assert [f.split(":")[0] for f in compile_only.unmasked_accesses(ir)] == ["line 1", "line 4", "line 6"]
 
 
+def test_the_dot_check_finds_each_dot_shallower_than_its_operands_take():
+    """Triton's least depth: 16 for 16-bit operands, 8 for 32-bit (TF32), 32 for 8-bit."""
+    ir = "\n".join(
+        [
+            "%5 = tt.dot %1, %2, %3, inputPrecision = tf32 : tensor<16x4xbf16> * tensor<4x16xbf16> -> tensor<16x16xf32>",
+            "%6 = tt.dot %1, %2, %3, inputPrecision = tf32 : tensor<16x16xbf16> * tensor<16x4xbf16> -> tensor<16x4xf32>",
+            "%7 = tt.dot %1, %2, %3, inputPrecision = tf32 : tensor<16x8xf32> * tensor<8x16xf32> -> tensor<16x16xf32>",
+            "%8 = tt.dot %1, %2, %3 : tensor<32x16xi8> * tensor<16x32xi8> -> tensor<32x32xi32>",
+            "%9 = tt.dot %1, %2, %3 : tensor<32x32xi8> * tensor<32x32xi8> -> tensor<32x32xi32>",
+        ]
+    )
+    assert [f.split(":")[0] for f in compile_only.shallow_dots(ir)] == ["line 1", "line 4"]
+
+
 def test_a_triton_failure_is_a_compile_error_with_its_message():
     ttir = _hand_written_copy(masked=True).ttir.replace("tt.load", "tt.lode", 1)
     with pytest.raises(compile_only.CompileError) as error:

@@ -10,7 +10,6 @@ reference, and lowering for CUDA on an abstract H100 must produce a Triton call
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
 
 import jax
@@ -27,6 +26,7 @@ from kernel_cases import (
     generated_module,
     load_module,
     random_array,
+    small_gpu_blocks,
     spec_inputs,
     spec_kernel,
     take_gpu_branch,
@@ -61,14 +61,6 @@ def ragged_sizes(module: str, kernel: str) -> dict[str, int]:
     return {d: 2 if d in batch else 37 for d in dims}
 
 
-def small_gpu_blocks(generated, kernel: str) -> dict[str, int]:
-    """Each GPU block keyword at 16, or at the spec's block where that is smaller (the
-    launcher's table of blocks and options: the spec's are `table[None]`, blocks first)."""
-    names = [n for n in inspect.signature(getattr(generated, kernel)).parameters if n.startswith("gpu_block_")]
-    spec = getattr(generated, f"_{kernel}_gpu_options")[None]
-    return {name: min(16, block) for name, block in zip(names, spec)}
-
-
 @pytest.mark.parametrize(("module", "kernel"), KERNELS, ids=IDS)
 def test_gpu_kernel_in_interpret_mode_matches_the_reference(on_gpu, module, kernel):
     generated = generated_module(module)
@@ -76,7 +68,7 @@ def test_gpu_kernel_in_interpret_mode_matches_the_reference(on_gpu, module, kern
     sizes = ragged_sizes(module, kernel)
     rng = np.random.default_rng(7)
     inputs = [random_array(rng, op.dtype, tuple(sizes[d] for d in op.dims)) for op in spec_inputs(module, kernel)]
-    got = function(*inputs, **small_gpu_blocks(generated, kernel), gpu_warps=4, gpu_stages=1, interpret=True)
+    got = function(*inputs, **small_gpu_blocks(function), gpu_warps=4, gpu_stages=1, interpret=True)
     want = reference(*inputs)
     got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
     # An f32 output of 16-bit inputs may sum terms that the kernel and the reference round

@@ -6,6 +6,7 @@
   compiled by the `triton` package to PTX and, through the `ptxas` bundled with it, a
   cubin for sm_90.
 - `unmasked_accesses`: the loads and stores in that IR that carry no mask.
+- `shallow_dots`: the dots in that IR shallower than Triton's dot takes.
 
 Nothing here runs a kernel: a clean compile proves that the compilers accept the
 kernel, not that it computes the right numbers on hardware.
@@ -386,3 +387,33 @@ def _operand_count(rest: str) -> int:
     if rest.startswith("("):  # generic form
         return len(re.findall(r"%[\w.#]+", rest[: rest.index(")")]))
     return len(re.findall(r"%[\w.#]+", rest.split(":", 1)[0]))
+
+
+# --------------------------------------------------------------------------- dots
+
+# `%7 = tt.dot %1, %2, %3, ... : tensor<16x4xbf16> * tensor<4x16xbf16> -> tensor<16x16xf32>`
+_DOT = re.compile(r"tt\.dot\b.*:\s*tensor<(?:\d+x)*(\d+)x(\w+)>\s*\*")
+
+# The least depth (contracted size) of Triton's dot on CUDA by the operands' bits, as
+# tl.dot checks it (`min_dot_size` in triton/backends/nvidia/compiler.py).
+SMALLEST_DOT_DEPTH = {8: 32, 16: 16, 32: 8, 64: 4}
+
+
+def shallow_dots(ttir: str | TritonKernel) -> list[str]:
+    """Every tt.dot in the IR whose depth is less than Triton's dot takes for its
+    operands, as "line N: %7 = tt.dot ... : tensor<16x4xbf16> * ...".
+
+    Pallas emits tt.dot without the check that tl.dot makes. XLA's Triton compiled
+    attention kernels whose dots had depth 4 and 1 (D=3, D=1), and they gave wrong values
+    on an H200 (issue 33); upstream Triton fails an assertion in TritonGPUAccelerateMatmul.
+    """
+    found = []
+    for number, line in enumerate(str(ttir).splitlines(), 1):
+        match = _DOT.search(line)
+        if match is None:
+            continue
+        depth, element = int(match.group(1)), match.group(2)
+        bits = int(re.match(r"[a-z]+(\d+)", element).group(1))  # bf16, f32, i8, f8E4M3FN
+        if depth < SMALLEST_DOT_DEPTH[bits]:
+            found.append(f"line {number}: {line.strip()}")
+    return found

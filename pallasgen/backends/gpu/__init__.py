@@ -77,8 +77,9 @@ class GpuBackend(Backend):
 
     def blocks_at(self, plan, sizes):
         """Powers of two: a small dimension one block, but no smaller than a dot tile; a
-        dimension held whole, one block of its next power of two."""
-        whole = {dim: _next_power_of_two(sizes[dim]) for _, _, dim in plan.whole_blocks}
+        dimension held whole, one block of its next power of two, no shallower than a dot
+        that contracts it."""
+        whole = {dim: max(smallest, _next_power_of_two(sizes[dim])) for _, _, dim, smallest in plan.whole_blocks}
         return {b.dim: max(b.smallest, min(b.default, _next_power_of_two(sizes[b.dim]))) for b in plan.blocks} | whole
 
 

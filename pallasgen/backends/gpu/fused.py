@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import promote
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
@@ -16,6 +17,7 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword
 from pallasgen.backends.gpu.plan import (
     GPU_DOC,
     SMALLEST_DOT_TILE,
+    SMALLEST_INT8_DOT_DEPTH,
     GpuBlockPlan,
     GpuPlan,
     dispatch_arguments,
@@ -47,6 +49,20 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     tiles = {a for axes in fused.frame.values() for a in axes if a}
     tiles |= {d for decl in checked.kernel.inputs + checked.kernel.outputs for d in decl.dims if d not in fused.batch}
     return [d for d in checked.dims if d in tiles and d not in checked.blocks]
+
+
+def dot_depth(checked: CheckedKernel, dim: str) -> int:
+    """The least block of `dim` that Triton's dot takes as its depth where a product
+    contracts `dim` (its operands converted to their common dtype), 1 where none does."""
+    types = checked.types
+    return max(
+        (
+            SMALLEST_INT8_DOT_DEPTH if promote(types[p.lhs].dtype, types[p.rhs].dtype).bits == 8 else SMALLEST_DOT_TILE
+            for p in checked.fused.products.values()
+            if p.k == dim
+        ),
+        default=1,
+    )
 
 
 def fused_gpu_blocks(kernel: ir.Kernel, blocks: dict[str, int], fused, given: dict[str, int]) -> dict[str, int]:
@@ -159,10 +175,17 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
-            GpuBlockPlan(gpu_block_keyword(d), block_keyword(d), defaults[d], sizes[d], d, SMALLEST_DOT_TILE)
+            GpuBlockPlan(
+                gpu_block_keyword(d),
+                block_keyword(d),
+                defaults[d],
+                sizes[d],
+                d,
+                max(SMALLEST_DOT_TILE, dot_depth(checked, d)),
+            )
             for d in tunable
         ),
-        whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
+        whole_blocks=tuple((block_keyword(d), sizes[d], d, dot_depth(checked, d)) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),

@@ -52,7 +52,9 @@ class GpuBlockPlan:
 
 
 # Triton's tl.dot takes tiles of at least 16 rows and columns, and a depth of at least
-# 16, or 32 for 8-bit operands (the int8 tensor-core instruction's depth).
+# 16, or 32 for 8-bit operands (the int8 tensor-core instruction's depth). Pallas emits
+# Triton's dot without tl.dot's check of the depth: attention kernels whose dots had
+# depth 4 and 1 compiled with XLA's Triton and gave wrong values on an H200 (issue 33).
 SMALLEST_DOT_TILE = 16
 SMALLEST_INT8_DOT_DEPTH = 32
 
@@ -62,7 +64,7 @@ class GpuPlan:
     function: str
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
-    whole_blocks: tuple[tuple[str, str, str], ...]  # (local, size, dim) of dimensions held whole
+    whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, least block) of dimensions held whole
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
@@ -298,7 +300,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             )
             for d in tunable
         ),
-        whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
+        whole_blocks=tuple((block_keyword(d), sizes[d], d, 1) for d in whole),  # a product contracts none
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),

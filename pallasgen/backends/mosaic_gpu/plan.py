@@ -10,11 +10,13 @@ reduces to scalars writes partial results per program, combined by its launcher
 (`totals`). A fused kernel of one product runs as kernels in turn (`stages`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
-a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
-launcher pads the arrays with zeros (a block of columns, 8 rows; a product's M, N
-and K to whole blocks: zeros add nothing to a sum of products) and slices the
-outputs back. Sizes that are already multiples pad nothing. Blocks past the padded
-edge are clipped by TMA. A reduction's padded positions hold its identity (`sweeps`).
+a multiple of 16 bytes and each swizzled dimension a multiple of its tile, and a block
+contiguous in its array (a vector's) is stored by one bulk copy, cut at the array's
+end, whose bytes must be a multiple of 16. So the launcher pads the arrays with zeros
+(a block of columns, 8 rows; a vector and a product's M, N and K to whole blocks: zeros
+add nothing to a sum of products) and slices the outputs back. Sizes that are already
+multiples pad nothing. Blocks past the padded edge are clipped by TMA. A reduction's
+padded positions hold its identity (`sweeps`).
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ class _ElementwisePlanner(_Planner):
         minor = layout[-1]
         columns = self._columns(arrays) if len(layout) >= 2 else TMA_MOST
         blocks = {minor: columns} if len(layout) == 1 else {plane[0]: ELEMENTWISE_ROWS, minor: columns}
-        multiples = {} if len(layout) == 1 else {plane[0]: "8", minor: block_keyword(minor)}
+        multiples = {minor: block_keyword(minor)} if len(layout) == 1 else {plane[0]: "8", minor: block_keyword(minor)}
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         step = self.namer.claim("step")
 
