@@ -201,7 +201,7 @@ def test_the_reference_lists_every_dtype():
 
 def test_the_dispatch_the_reference_names_is_the_one_generated_modules_define():
     """Not `jax.lax.platform_dependent`, which would lower every platform's kernel: the
-    runtime's own, which generated modules reach through `rt.on_platform`."""
+    runtime's own, which generated modules reach through `rt.kernel` (its `on_platform`)."""
     section = REFERENCE.split("## What a generated module holds", 1)[1].split("\n## ", 1)[0]
     named = re.search(r"one lowering rule per platform\s+\(`(\w+)` in `pallasgen/runtime/support.py`\)", section).group(
         1
@@ -209,4 +209,4 @@ def test_the_dispatch_the_reference_names_is_the_one_generated_modules_define():
     runtime = (LANGUAGE_MD.parents[1] / "pallasgen" / "runtime" / "support.py").read_text(encoding="utf-8")
     assert re.search(rf"^def on_platform\((.|\n)*?^    return {named}\(", runtime, re.M)
     generated = (LANGUAGE_MD.parents[1] / "generated" / "add_vectors.py").read_text(encoding="utf-8")
-    assert "rt.on_platform(" in generated
+    assert "@rt.kernel(" in generated and "results = on_platform(" in runtime
