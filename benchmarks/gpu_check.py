@@ -4,10 +4,12 @@ aligned sizes, against references computed on the CPU.
 Interpret mode pads edge blocks, so only a GPU shows what an unmasked edge does.
 Run by hand on a GPU host (results go to benchmarks/RESULTS.md):
 
-    python benchmarks/gpu_check.py [--gpu-backend mosaic_gpu] [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
+    python benchmarks/gpu_check.py [--gpu-backend mosaic_gpu] [--slice I/N] [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
 
 `--gpu-backend mosaic_gpu` passes `gpu_backend="mosaic_gpu"` to every kernel (Hopper
 and later; kernels Mosaic GPU does not take run on Triton, as their docstrings say).
+`--slice I/N` checks every N-th kernel from the I-th (0 <= I < N), so that N processes
+share the work (benchmarks/gpu_check_all.sh runs them side by side).
 
 Each kernel runs through its public function (the platform picks the Triton
 kernel) with default GPU blocks, and with 16-wide blocks (each `gpu_block_*` option at
@@ -90,10 +92,11 @@ def check(module: str, kernel: str, size_class: str, blocks: dict[str, int]) -> 
     return "XLA CPU reference"
 
 
-def main(size_classes: list[str], gpu_backend: str = "triton") -> int:
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, gpu_backend={gpu_backend}")
+def main(size_classes: list[str], gpu_backend: str = "triton", part: tuple[int, int] = (0, 1)) -> int:
+    index, count = part
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, gpu_backend={gpu_backend}, slice {index}/{count}")
     failures = 0
-    for module, kernel in bundled_kernels():
+    for module, kernel in bundled_kernels()[index::count]:
         function = getattr(generated_module(module), kernel)
         for size_class in size_classes:
             for label, blocks in (("default blocks", {}), ("16-wide blocks", small_gpu_blocks(function))):
@@ -108,15 +111,24 @@ def main(size_classes: list[str], gpu_backend: str = "triton") -> int:
     return 1 if failures else 0
 
 
-def parse(argv: list[str]) -> tuple[list[str], str]:
-    """The size classes and the GPU backend of a command line."""
-    gpu_backend = "triton"
+def parse(argv: list[str]) -> tuple[list[str], str, tuple[int, int]]:
+    """The size classes, the GPU backend and the slice of a command line."""
+    gpu_backend, part = "triton", (0, 1)
     if "--gpu-backend" in argv:
         at = argv.index("--gpu-backend")
         if at + 1 >= len(argv) or argv[at + 1] not in ("triton", "mosaic_gpu"):
             sys.exit("gpu_check.py: --gpu-backend takes triton or mosaic_gpu")
         gpu_backend, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
-    return argv or list(SIZE_CLASSES), gpu_backend
+    if "--slice" in argv:
+        at = argv.index("--slice")
+        words = argv[at + 1].split("/") if at + 1 < len(argv) else []
+        if len(words) != 2 or not all(w.isdigit() for w in words) or not int(words[0]) < int(words[1]):
+            sys.exit("gpu_check.py: --slice takes I/N, 0 <= I < N")
+        part, argv = (int(words[0]), int(words[1])), argv[:at] + argv[at + 2 :]
+    unknown = [a for a in argv if a not in SIZE_CLASSES]
+    if unknown:
+        sys.exit(f"gpu_check.py: unknown size class {unknown[0]!r} (choose from {', '.join(SIZE_CLASSES)})")
+    return argv or list(SIZE_CLASSES), gpu_backend, part
 
 
 if __name__ == "__main__":

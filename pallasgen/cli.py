@@ -242,6 +242,11 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
     is_flag=True,
     help="Measure the forward plus backward pass (jax.vjp) against XLA's of the reference, at random cotangents.",
 )
+@click.option(
+    "--gpu-backend",
+    type=click.Choice(["triton", "mosaic_gpu"]),
+    help="On an NVIDIA GPU: time the Triton or the Mosaic GPU kernels (each kernel's default otherwise).",
+)
 def bench(
     targets: tuple[str, ...],
     sizes: tuple[str, ...],
@@ -254,6 +259,7 @@ def bench(
     chip: str | None,
     vmem_limit: int | None,
     grad: bool,
+    gpu_backend: str | None,
 ) -> None:
     """Time generated kernels against XLA (their jitted reference) on this machine's device.
 
@@ -261,7 +267,8 @@ def bench(
     them and their references for that TPU instead and compare the compiler's estimated
     cycles. With --grad, measure each differentiable kernel's forward plus backward pass
     (its generated backward kernels) against XLA's forward plus backward pass of its
-    reference.
+    reference. On an NVIDIA GPU, attention kernels are timed beside cuDNN's attention
+    (jax.nn.dot_product_attention) too, where it computes the kernel's output.
     """
     _require(f"pallasgen bench{' --chip' if chip else ''}", tpu=chip is not None)
     if chip is not None or blocks:
@@ -279,6 +286,8 @@ def bench(
         return
     if vmem_limit is not None:
         _usage_error("--vmem-limit needs --chip")
+    if gpu_backend is not None:
+        _require_target(gpu_backend, f"bench --gpu-backend {gpu_backend}")
     import json
 
     import jax
@@ -286,6 +295,7 @@ def bench(
     from pallasgen.devices import bench as benchmark
 
     device = jax.devices()[0].device_kind
+    on_gpu = jax.default_backend() == "gpu"
     options = _parse_blocks(blocks)
     if sweep:
         _sweep(kernels, given, seed, repeats, device)
@@ -299,11 +309,15 @@ def bench(
                 _within_memory(checked, dims, lambda: runner.random_cotangents(checked, dims, seed)) if grad else None
             )
             keywords = _block_options(checked, options)
+            if gpu_backend is not None and "gpu_backend" in getattr(module, checked.kernel.name).options:
+                keywords["gpu_backend"] = gpu_backend
             timings.append(
                 _within_memory(
                     checked,
                     dims,
-                    lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, keywords, cotangents),
+                    lambda: benchmark.time_kernel(
+                        module, checked, dims, inputs, repeats, keywords, cotangents, cudnn=on_gpu
+                    ),
                 )
             )
     for timing in timings:
@@ -317,12 +331,19 @@ def bench(
                 "kernel_seconds": t.kernel_seconds,
                 "xla_seconds": t.xla_seconds,
                 "speedup_over_xla": t.ratio,
+                "cudnn_seconds": t.cudnn_seconds,
                 "flops": t.flops,
                 "bytes": t.bytes_moved,
             }
             for t in timings
         ]
-        payload = {"device": device, "jax": jax.__version__, "backend": jax.default_backend(), "results": records}
+        payload = {
+            "device": device,
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+            "gpu_backend": gpu_backend,
+            "results": records,
+        }
         try:
             json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         except OSError as error:

@@ -287,6 +287,31 @@ def test_bench_times_kernel_and_xla_and_writes_json(project):
     assert timing["speedup_over_xla"] == pytest.approx(timing["xla_seconds"] / timing["kernel_seconds"])
 
 
+def test_bench_gpu_backend_chooses_the_gpu_kernels_and_is_recorded(project):
+    """Off a GPU the TPU kernel is interpreted whatever `gpu_backend` says; the choice is
+    still checked against the project's targets and written to the JSON."""
+    result = invoke(
+        "bench",
+        "specs/add_vectors.pallas",
+        "--size",
+        "N=256",
+        "--repeats",
+        "1",
+        "--gpu-backend",
+        "mosaic_gpu",
+        "--json",
+        "out.json",
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((project / "out.json").read_text())["gpu_backend"] == "mosaic_gpu"
+    (project / "pyproject.toml").write_text(
+        '[tool.pallasgen]\nspecs = "specs"\nout = "generated"\ntargets = ["tpu", "triton"]\n'
+    )
+    result = invoke("bench", "specs/add_vectors.pallas", "--gpu-backend", "mosaic_gpu")
+    assert result.exit_code == 2
+    assert "bench --gpu-backend mosaic_gpu needs the 'mosaic_gpu' target" in result.stderr
+
+
 def test_bench_sweep_prints_the_fastest_configuration(project):
     result = invoke("bench", "specs/add_vectors.pallas", "--size", "N=4096", "--repeats", "1", "--sweep")
     assert result.exit_code == 0, result.output

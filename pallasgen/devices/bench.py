@@ -41,6 +41,8 @@ class Timing:
     xla_seconds: float  # median of the jitted reference
     flops: int
     bytes_moved: int
+    cudnn_seconds: float | None = None  # median of cuDNN's attention, where it computes the same
+    cudnn_note: str = ""  # why there is no cuDNN time, for an attention kernel on a GPU
 
     @property
     def ratio(self) -> float:
@@ -78,10 +80,18 @@ def work(checked: CheckedKernel, sizes: dict[str, int]) -> tuple[int, int]:
 
 
 def time_kernel(
-    module, checked: CheckedKernel, sizes: dict[str, int], inputs, repeats: int, options: dict, cotangents=None
+    module,
+    checked: CheckedKernel,
+    sizes: dict[str, int],
+    inputs,
+    repeats: int,
+    options: dict,
+    cotangents=None,
+    cudnn: bool = False,
 ) -> Timing:
     """Median times of the kernel and of its jitted reference (XLA), measured in one run;
-    given the float outputs' `cotangents`, of each one's forward plus backward pass."""
+    given the float outputs' `cotangents`, of each one's forward plus backward pass. With
+    `cudnn`, an attention kernel's is measured beside cuDNN's too (`devices.cudnn`)."""
     import functools
 
     import jax
@@ -89,15 +99,52 @@ def time_kernel(
     name = checked.kernel.name
     kernel = functools.partial(getattr(module, name), **options)
     reference = getattr(module, name).reference
+    baseline = _cudnn_baseline(checked, inputs, kernel) if cudnn else None
+    note = baseline if isinstance(baseline, str) else ""
+    baseline = None if isinstance(baseline, str) else baseline
     if cotangents is None:
-        kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs), lambda: jax.jit(reference)(*inputs), repeats)
+        timed = [lambda: kernel(*inputs), lambda: jax.jit(reference)(*inputs)]
+        if baseline is not None:
+            timed.append(lambda: baseline.function(*baseline.arrays))
+        seconds = time_alternating(timed, repeats) + [None]
         flops, moved = work(checked, sizes)
-        return Timing(name, sizes, kernel_seconds, xla_seconds, flops, moved)
+        return Timing(name, sizes, *seconds[:2], flops, moved, cudnn_seconds=seconds[2], cudnn_note=note)
     kernel, reference = (jax.jit(with_backward(f, checked)) for f in (kernel, reference))
-    kernel_seconds, xla_seconds = time_pair(
-        lambda: kernel(inputs, cotangents), lambda: reference(inputs, cotangents), repeats
-    )
-    return Timing(f"{name} forward+backward", sizes, kernel_seconds, xla_seconds, 0, 0)
+    timed = [lambda: kernel(inputs, cotangents), lambda: reference(inputs, cotangents)]
+    if baseline is not None:
+        cudnn_pass, cudnn_cotangent = _cudnn_with_backward(baseline)
+        timed.append(lambda: cudnn_pass(baseline.arrays, cudnn_cotangent))
+    seconds = time_alternating(timed, repeats) + [None]
+    return Timing(f"{name} forward+backward", sizes, *seconds[:2], 0, 0, cudnn_seconds=seconds[2], cudnn_note=note)
+
+
+def _cudnn_baseline(checked: CheckedKernel, inputs, kernel):
+    """cuDNN's attention on the kernel's inputs where it computes the kernel's output;
+    else why not (a string), or None for a kernel that is no attention."""
+    from pallasgen.devices import cudnn
+
+    found = cudnn.cudnn_attention(checked, inputs)
+    if isinstance(found, str):
+        return None if found == "not an attention kernel" else f"no cuDNN: {found}"
+    try:
+        outputs = kernel(*inputs)
+        same = cudnn.agrees(found, outputs if isinstance(outputs, tuple) else (outputs,))
+    except Exception as error:  # cuDNN refuses the shape or the device: say so, time the rest
+        return f"no cuDNN: {str(error).strip().splitlines()[0][:160]}"
+    return found if same else "no cuDNN: its result differs from the kernel's (another mask or score)"
+
+
+def _cudnn_with_backward(baseline):
+    """cuDNN's forward plus backward pass (jax.vjp), and a random cotangent of its output."""
+    import jax
+
+    def forward_and_backward(arrays, cotangent):
+        output, pullback = jax.vjp(baseline.function, *arrays)
+        return output, pullback(cotangent)
+
+    shape = jax.eval_shape(baseline.function, *baseline.arrays)
+    cotangent = jax.random.normal(jax.random.key(1), shape.shape, shape.dtype)
+    return jax.jit(forward_and_backward), cotangent
 
 
 def with_backward(function, checked: CheckedKernel):
@@ -131,17 +178,31 @@ def float_outputs(checked: CheckedKernel) -> list:
 
 def time_pair(first, second, repeats: int) -> tuple[float, float]:
     """Median seconds of two functions, alternating calls after a warm-up of each."""
+    return tuple(time_alternating([first, second], repeats))
+
+
+def time_alternating(functions, repeats: int, round_seconds: float = 0.0) -> list[float]:
+    """Median seconds of a call of each function, calls taking turns after a warm-up of
+    each. With `round_seconds`, each turn makes as many calls as fill about that time
+    (at most 64) and waits once, so that a short kernel's launch and wait do not count."""
     import jax
 
-    for function in (first, second):
+    calls = []
+    for function in functions:
         jax.block_until_ready(function())
-    times: tuple[list[float], list[float]] = ([], [])
+        start = time.perf_counter()
+        jax.block_until_ready(function())
+        once = time.perf_counter() - start
+        calls.append(max(1, min(64, round(round_seconds / once))) if round_seconds else 1)
+    times: list[list[float]] = [[] for _ in functions]
     for _ in range(repeats):
-        for function, record in zip((first, second), times):
+        for function, count, record in zip(functions, calls, times):
             start = time.perf_counter()
-            jax.block_until_ready(function())
-            record.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+            for _ in range(count):
+                result = function()
+            jax.block_until_ready(result)
+            record.append((time.perf_counter() - start) / count)
+    return [statistics.median(record) for record in times]
 
 
 def describe(timing: Timing, device_kind: str) -> str:
@@ -156,6 +217,11 @@ def describe(timing: Timing, device_kind: str) -> str:
         gbps = timing.bytes_moved / timing.kernel_seconds / 1e9
         parts.append(f"{gbps:.1f} GB/s" + (f" ({100 * gbps / peak[1]:.0f}% of peak)" if peak else ""))
     parts.append(f"speedup over XLA {timing.ratio:.2f}x")
+    if timing.cudnn_seconds is not None:
+        ratio = timing.cudnn_seconds / timing.kernel_seconds
+        parts.append(f"cuDNN {timing.cudnn_seconds * 1e3:.3f} ms (speedup over cuDNN {ratio:.2f}x)")
+    elif timing.cudnn_note:
+        parts.append(timing.cudnn_note)
     return ", ".join(parts)
 
 

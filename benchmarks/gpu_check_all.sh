@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Everything a Hopper GPU machine (one GPU, 16 cores) is wanted for, in one command of at
+# most 8 minutes: benchmarks/gpu_check.py on the Triton and the Mosaic GPU paths, each
+# split over SLICES processes side by side (the checks compile on the CPU cores and are
+# short on the GPU), then benchmarks/gpu_speed.py alone on the GPU (its timings share
+# the card with nothing). Writes into OUT:
+#   summary.txt   what passed and failed on each path, and the speed table
+#   speed.md      the table for benchmarks/RESULTS.md; speed.json its numbers
+#   logs.tgz      each slice's whole log
+#
+#   benchmarks/gpu_check_all.sh OUT            # on the GPU machine
+#   benchmarks/gpu_check_all.sh OUT --dry-run  # here, on CPU: every step starts, on a few kernels
+#
+# PYTHON names the interpreter (python3). The check and the speed steps have their own
+# time limits (CHECK_SECONDS, SPEED_SECONDS) so that one hung kernel cannot take the
+# machine's whole lease; a step cut short says so in summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:?usage: benchmarks/gpu_check_all.sh OUT [--dry-run]}
+dry_run=${2:-}
+python=${PYTHON:-python3}
+slices=${SLICES:-8}
+check_seconds=${CHECK_SECONDS:-270}
+speed_seconds=${SPEED_SECONDS:-210}
+classes=(ragged small single aligned)
+parts=$slices
+speed_flags=()
+if [[ $dry_run == --dry-run ]]; then
+    # A twelfth of the kernels at one size class, interpreted; the speed rows at 1/64 size.
+    slices=2 parts=24 classes=(single) speed_flags=(--tiny --repeats 1)
+elif [[ -n $dry_run ]]; then
+    echo "usage: benchmarks/gpu_check_all.sh OUT [--dry-run]" >&2
+    exit 2
+fi
+mkdir -p "$out/logs"
+# Many processes share the GPU: each takes memory as it needs it.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+started=$SECONDS
+
+pids=()
+for path in triton mosaic_gpu; do
+    for ((i = 0; i < slices; i++)); do
+        timeout "$check_seconds" "$python" benchmarks/gpu_check.py --gpu-backend "$path" --slice "$i/$parts" \
+            "${classes[@]}" >"$out/logs/check-$path-$i.log" 2>&1 &
+        pids+=($!)
+    done
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+check_done=$SECONDS
+
+timeout "$speed_seconds" "$python" benchmarks/gpu_speed.py --out "$out" "${speed_flags[@]}" \
+    >"$out/logs/speed.log" 2>&1
+speed_status=$?
+
+{
+    echo "gpu_check (${classes[*]}; $slices slices a path of 1/$parts each): $((check_done - started)) s"
+    for path in triton mosaic_gpu; do
+        logs=("$out"/logs/check-"$path"-*.log)
+        ok=$(cat "${logs[@]}" | grep -c '^OK ')
+        failed=$(cat "${logs[@]}" | grep -c '^FAIL ')
+        finished=$(cat "${logs[@]}" | grep -c ' failed$')
+        echo "$path: $ok passed, $failed failed; $finished of $slices slices finished"
+        cat "${logs[@]}" | grep '^FAIL ' | sort
+        for log in "${logs[@]}"; do
+            grep -q ' failed$' "$log" || { echo "  $log did not finish; its end:"; tail -5 "$log" | sed 's/^/    /'; }
+        done
+    done
+    echo
+    echo "gpu_speed (exit $speed_status, $((SECONDS - check_done)) s):"
+    if [[ -f $out/speed.md ]]; then cat "$out/speed.md"; else tail -20 "$out/logs/speed.log"; fi
+} >"$out/summary.txt"
+tar czf "$out/logs.tgz" -C "$out" logs && rm -r "$out/logs"
+cat "$out/summary.txt"
