@@ -4,12 +4,14 @@ aligned sizes, against references computed on the CPU.
 Interpret mode pads edge blocks, so only a GPU shows what an unmasked edge does.
 Run by hand on a GPU host (results go to benchmarks/RESULTS.md):
 
-    python benchmarks/gpu_check.py [--gpu-backend mosaic_gpu] [--slice I/N] [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
+    python benchmarks/gpu_check.py [--gpu-backend mosaic_gpu] [--slice I/N] [--default-blocks] [SIZE_CLASS ...]
+                                                                  # exit 1 if any kernel disagrees
 
 `--gpu-backend mosaic_gpu` passes `gpu_backend="mosaic_gpu"` to every kernel (Hopper
 and later; kernels Mosaic GPU does not take run on Triton, as their docstrings say).
 `--slice I/N` checks every N-th kernel from the I-th (0 <= I < N), so that N processes
-share the work (benchmarks/gpu_check_all.sh runs them side by side).
+share the work (benchmarks/gpu_check_all.sh runs them side by side). `--default-blocks`
+leaves out the 16-wide blocks.
 
 Each kernel runs through its public function (the platform picks the Triton
 kernel) with default GPU blocks, and with 16-wide blocks (each `gpu_block_*` option at
@@ -47,17 +49,23 @@ from kernel_cases import (  # noqa: E402
 
 SIZE_CLASSES = {
     # every dimension ragged against every block (and K against the K loop)
-    "ragged": dict(M=1000, N=3000, K=1000, B=3, S=200, T=300, D=72),
-    "small": dict(M=8, N=5, K=3, B=2, S=8, T=5, D=3),
-    "single": dict(M=1, N=1, K=1, B=1, S=1, T=1, D=1),
-    "aligned": dict(M=2048, N=2048, K=1024, B=2, S=256, T=256, D=128),
+    "ragged": dict(M=1000, N=3000, K=1000, V=3000, B=3, H=3, G=3, R=2, S=200, T=300, D=72),
+    "small": dict(M=8, N=5, K=3, V=5, B=2, H=2, G=2, R=2, S=8, T=5, D=3),
+    "single": dict(M=1, N=1, K=1, V=1, B=1, H=1, G=1, R=1, S=1, T=1, D=1),
+    "aligned": dict(M=2048, N=2048, K=1024, V=2048, B=2, H=4, G=2, R=2, S=256, T=256, D=128),
 }
 
 
 def sizes_for(module: str, kernel: str, size_class: str) -> dict[str, int]:
-    dims = {d for op in spec_inputs(module, kernel) for d in op.dims}
+    """Each of the kernel's dimensions at its size in the class: every dimension a
+    bundled spec names has its own (a head or group count at a vector's length would
+    make a check of hours)."""
     table = SIZE_CLASSES[size_class]
-    sizes = {d: table.get(d, table["N"]) for d in dims}
+    sizes = {}
+    for dim in {d for op in spec_inputs(module, kernel) for d in op.dims}:
+        if dim not in table:
+            raise KeyError(f"gpu_check.py: no {size_class} size for dimension {dim}; add one to SIZE_CLASSES")
+        sizes[dim] = table[dim]
     if module == "add_vectors" and size_class == "ragged":
         sizes["N"] = 3_000_001
     return sizes
@@ -92,14 +100,17 @@ def check(module: str, kernel: str, size_class: str, blocks: dict[str, int]) -> 
     return "XLA CPU reference"
 
 
-def main(size_classes: list[str], gpu_backend: str = "triton", part: tuple[int, int] = (0, 1)) -> int:
+def main(
+    size_classes: list[str], gpu_backend: str = "triton", part: tuple[int, int] = (0, 1), only_default: bool = False
+) -> int:
     index, count = part
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, gpu_backend={gpu_backend}, slice {index}/{count}")
     failures = 0
     for module, kernel in bundled_kernels()[index::count]:
         function = getattr(generated_module(module), kernel)
         for size_class in size_classes:
-            for label, blocks in (("default blocks", {}), ("16-wide blocks", small_gpu_blocks(function))):
+            block_sets = (("default blocks", {}), ("16-wide blocks", small_gpu_blocks(function)))
+            for label, blocks in block_sets[:1] if only_default else block_sets:
                 try:
                     against = check(module, kernel, size_class, {**blocks, "gpu_backend": gpu_backend})
                     print(f"OK    {module}.{kernel:18} {size_class:8} {label:15} vs {against}")
@@ -111,9 +122,11 @@ def main(size_classes: list[str], gpu_backend: str = "triton", part: tuple[int, 
     return 1 if failures else 0
 
 
-def parse(argv: list[str]) -> tuple[list[str], str, tuple[int, int]]:
-    """The size classes, the GPU backend and the slice of a command line."""
+def parse(argv: list[str]) -> tuple[list[str], str, tuple[int, int], bool]:
+    """The size classes, the GPU backend, the slice and whether only default blocks are checked."""
     gpu_backend, part = "triton", (0, 1)
+    only_default = "--default-blocks" in argv
+    argv = [a for a in argv if a != "--default-blocks"]
     if "--gpu-backend" in argv:
         at = argv.index("--gpu-backend")
         if at + 1 >= len(argv) or argv[at + 1] not in ("triton", "mosaic_gpu"):
@@ -128,7 +141,7 @@ def parse(argv: list[str]) -> tuple[list[str], str, tuple[int, int]]:
     unknown = [a for a in argv if a not in SIZE_CLASSES]
     if unknown:
         sys.exit(f"gpu_check.py: unknown size class {unknown[0]!r} (choose from {', '.join(SIZE_CLASSES)})")
-    return argv or list(SIZE_CLASSES), gpu_backend, part
+    return argv or list(SIZE_CLASSES), gpu_backend, part, only_default
 
 
 if __name__ == "__main__":

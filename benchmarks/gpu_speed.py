@@ -185,10 +185,24 @@ def cell(record: dict, path: str, bandwidth: float) -> str:
     return f"{seconds * 1e3:.3f} ms ({ratio:.2f}x)"
 
 
+def cudnn_cell(record: dict) -> str:
+    """cuDNN's throughput, and each path's speed as a fraction of it."""
+    seconds = record["seconds"].get("cuDNN")
+    if seconds is None:
+        return "n/a" if "cuDNN" in record["errors"] else ""
+    paths = [
+        f"{name} {seconds / record['seconds'][p]:.2f}x"
+        for p, name in zip(PATHS, ("Triton", "MGPU"))
+        if p in record["seconds"]
+    ]
+    return f"{record['flops'] / seconds / 1e12:.0f} TFLOP/s; " + ", ".join(paths) + " of it"
+
+
 def table(records: list[dict], device: str, bandwidth: float) -> str:
     lines = [
         f"{device}, jax {jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s (x + 1, read plus written).",
-        "Cells: throughput (XLA's time over the path's: above 1 is faster than XLA); % of the copy bandwidth.",
+        "Cells: throughput (XLA's time over the path's: above 1 is faster than XLA); % of the copy bandwidth;",
+        "cuDNN: its throughput, and each path's time as a fraction of cuDNN's speed (above 1: faster).",
         "",
         "| kernel | XLA | Triton | Mosaic GPU | cuDNN |",
         "|---|---|---|---|---|",
@@ -201,7 +215,7 @@ def table(records: list[dict], device: str, bandwidth: float) -> str:
             base = f"{r['bytes'] / xla / 1e12:.2f} TB/s, {100 * r['bytes'] / xla / bandwidth:.0f}%"
         else:
             base = f"{xla * 1e3:.3f} ms"
-        cells = [cell(r, p, bandwidth) for p in (*PATHS, "cuDNN")]
+        cells = [cell(r, p, bandwidth) for p in PATHS] + [cudnn_cell(r)]
         lines.append(f"| {r['row']} | {base} | " + " | ".join(cells) + " |")
     notes = [f"- {r['row']}, {p}: {e}" for r in records for p, e in r["errors"].items()]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

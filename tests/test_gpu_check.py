@@ -47,3 +47,18 @@ def test_gpu_check_passes_each_kernel_on_the_triton_path_interpreted(gpu_check, 
         assert gpu_check.check(module, kernel, "small", blocks) in ("NumPy float64", "XLA CPU reference")
     finally:
         function.clear_cache()
+
+
+def test_every_dimension_of_a_bundled_kernel_has_a_size_in_every_class(gpu_check):
+    """No dimension falls back to another's size (attention's H at N's 3000 made one check
+    take minutes): each size class names them all."""
+    for module, kernel in KERNELS:
+        for size_class, table in gpu_check.SIZE_CLASSES.items():
+            sizes = gpu_check.sizes_for(module, kernel, size_class)
+            assert all(sizes[d] == table[d] or (module, d) == ("add_vectors", "N") for d in sizes)
+
+
+def test_a_dimension_without_a_size_is_an_error_that_names_it(gpu_check, monkeypatch):
+    monkeypatch.setitem(gpu_check.SIZE_CLASSES, "small", {"M": 8})
+    with pytest.raises(KeyError, match="no small size for dimension N"):
+        gpu_check.sizes_for("softmax", "softmax", "small")

@@ -510,8 +510,8 @@ def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import gpu_check
 
-    assert gpu_check.parse(["--gpu-backend", "mosaic_gpu", "small"]) == (["small"], "mosaic_gpu", (0, 1))
-    assert gpu_check.parse(["ragged"]) == (["ragged"], "triton", (0, 1))
+    assert gpu_check.parse(["--gpu-backend", "mosaic_gpu", "small"]) == (["small"], "mosaic_gpu", (0, 1), False)
+    assert gpu_check.parse(["ragged"]) == (["ragged"], "triton", (0, 1), False)
     with pytest.raises(SystemExit, match="--gpu-backend takes triton or mosaic_gpu"):
         gpu_check.parse(["--gpu-backend", "mosaic"])
 
@@ -521,10 +521,11 @@ def test_gpu_check_shares_the_kernels_among_slices(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import gpu_check
 
-    assert gpu_check.parse(["--slice", "2/8", "--gpu-backend", "mosaic_gpu"]) == (
+    assert gpu_check.parse(["--slice", "2/8", "--gpu-backend", "mosaic_gpu", "--default-blocks"]) == (
         list(gpu_check.SIZE_CLASSES),
         "mosaic_gpu",
         (2, 8),
+        True,
     )
     for wrong in (["--slice", "8/8"], ["--slice", "1"], ["--slice"], ["--slice", "a/2"]):
         with pytest.raises(SystemExit, match="--slice takes I/N"):
