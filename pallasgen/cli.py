@@ -33,7 +33,7 @@ from pallasgen.workspace.sync import (
     plan_changes,
     stale_tunings,
     unified_diff,
-    vmem_warnings,
+    build_notes,
 )
 
 SPEC_OR_USAGE_ERROR = 2
@@ -93,10 +93,10 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
     for stale in _stale_tunings(targets, form, backend_targets):
         finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
         _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
-    for warning in vmem_warnings(targets, _display, backend_targets):
-        where = f"{warning.file}:{warning.position.line}:{warning.position.column}"
-        finding = Finding("warning", warning.message, warning.file, warning.position, kind="vmem")
-        _report(form, finding, f"warning: {where}: {warning.message}", err=True)
+    for note in build_notes(targets, _display, backend_targets):
+        where = f"{note.file}:{note.position.line}:{note.position.column}"
+        finding = Finding(note.severity, note.message, note.file, note.position, kind=note.kind)
+        _report(form, finding, f"{note.severity}: {where}: {note.message}", err=True)
     _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
@@ -214,6 +214,8 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
             for result in _within_memory(checked, dims, lambda: check(module, checked, dims, seed)):
                 failed |= not result.ok
                 click.echo(result.describe(dims))
+        if not no_grad and checked.gradient is not None and checked.gradient.not_yet is not None:
+            click.echo(f"{checked.kernel.name}.grad: not differentiable ({runner.why_no_backward(checked)})")
     _say_if_interpreted()
     sys.exit(DRIFT if failed else 0)
 

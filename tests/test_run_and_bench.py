@@ -94,6 +94,20 @@ def kernel_with_reference(function, reference):
     return kernel
 
 
+def test_run_says_which_kernels_jax_grad_cannot_differentiate_and_why(project):
+    (project / "specs" / "two.pallas").write_text(
+        "kernel two {\n    in  x: bf16[M, K]\n    in  w: bf16[K, N]\n    in  v: bf16[N, D]\n    out o: f32[M, D]\n"
+        "    o = bf16(softmax(x @ w, N)) @ v\n    block M = 128\n}\n"
+    )
+    result = invoke("run", "specs/two.pallas", "--size", "M=8", "--size", "K=16", "--size", "N=128", "--size", "D=16")
+    assert result.exit_code == 0, result.output
+    assert (
+        "two.grad: not differentiable (none is generated yet for several products in one kernel, other than"
+        " attention's)" in result.output
+    )
+    assert "not differentiable" not in invoke("run", "specs/two.pallas", "--no-grad", "--size", "M=8").output
+
+
 def test_a_kernel_that_disagrees_with_its_reference_is_a_mismatch():
     checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
     path = ROOT / "generated" / "activations.py"

@@ -47,7 +47,11 @@ def vjp_function_name(kernel: str) -> str:
 
 
 def plan_gradient(
-    checked: CheckedKernel, values: dict[str, str], spec_path: str, taken: frozenset[str], passed_on: tuple[str, ...] = ()
+    checked: CheckedKernel,
+    values: dict[str, str],
+    spec_path: str,
+    taken: frozenset[str],
+    passed_on: tuple[str, ...] = (),
 ) -> GradientPlan | None:
     """The plan of a kernel's differentiation; None where it has no `gradient`.
 
@@ -129,8 +133,8 @@ def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[
         )
     elif gradient.not_yet is not None:
         error, text = "NotImplementedError", (
-            f"{name} is not differentiable yet: pallasgen generates no backward kernels yet for"
-            f" {gradient.not_yet}; `grad none` in {spec_path} says it is never differentiated"
+            f"{name} ({spec_path}) is not differentiable: its spec has {gradient.not_yet},"
+            " for which pallasgen generates no backward kernels yet"
         )
     else:
         return None

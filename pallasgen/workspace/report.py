@@ -21,7 +21,7 @@ class Finding:
     """One thing to report: a spec diagnostic, a usage error, an out-of-date generated
     file, or a tuning file whose kernel has changed since it was tuned."""
 
-    severity: str  # "error" or "warning"
+    severity: str  # "error", "warning" or "note"
     message: str
     file: str | None = None
     position: Position | None = None
@@ -71,6 +71,9 @@ def _as_json(finding: Finding) -> str:
     return json.dumps(record)
 
 
+GITHUB_COMMANDS = {"note": "notice"}  # GitHub's workflow command for each severity it names otherwise
+
+
 def _as_github(finding: Finding) -> str:
     """`::error file=F,line=L,col=C::message`, escaped as GitHub's runner unescapes it."""
     properties = {}
@@ -82,7 +85,8 @@ def _as_github(finding: Finding) -> str:
         if (position.end_line, position.end_column) != (position.line, position.column):
             properties.update(endLine=position.end_line, endColumn=position.end_column)
     listed = ",".join(f"{name}={_escape_property(str(value))}" for name, value in properties.items())
-    return f"::{finding.severity}{' ' + listed if listed else ''}::{_escape_data(finding.message)}"
+    command = GITHUB_COMMANDS.get(finding.severity, finding.severity)
+    return f"::{command}{' ' + listed if listed else ''}::{_escape_data(finding.message)}"
 
 
 def _escape_data(text: str) -> str:

@@ -196,18 +196,27 @@ def stale_tunings(targets: list[Target], display, backend_targets: tuple[str, ..
 
 
 @dataclass(frozen=True)
-class VmemWarning:
-    """A kernel whose default TPU blocks cannot fit VMEM at realistic sizes."""
+class BuildNote:
+    """What `pallasgen build` says of a kernel it wrote: a warning that its default TPU
+    blocks cannot fit VMEM at realistic sizes ("vmem"), or a note that jax.grad cannot
+    differentiate it ("grad")."""
 
     file: str  # the spec, as messages name it
     position: Position
     message: str
+    kind: str  # "vmem" or "grad"
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.kind == "vmem" else "note"
 
 
-def vmem_warnings(targets: list[Target], display, backend_targets: tuple[str, ...] = TARGETS) -> list[VmemWarning]:
-    """Each spec kernel whose default blocks on a TPU v5e or v6e cannot fit its VMEM once
-    the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE); only
-    the targeted backends warn."""
+def build_notes(targets: list[Target], display, backend_targets: tuple[str, ...] = TARGETS) -> list[BuildNote]:
+    """For each spec kernel: a warning where its default blocks on a TPU v5e or v6e cannot
+    fit its VMEM once the dimensions taken whole have realistic sizes
+    (chips.REALISTIC_WHOLE_SIZE; only the targeted backends warn), and a note where
+    jax.grad of it would raise because no backward kernel is generated for what it has
+    (a kernel that says `grad none` gets none)."""
     from pallasgen.backends import targeted
 
     found = []
@@ -218,8 +227,22 @@ def vmem_warnings(targets: list[Target], display, backend_targets: tuple[str, ..
             kernel = checked.kernel
             position = kernel.blocks[0].position if kernel.blocks else kernel.position
             warnings = [m for backend in targeted(backend_targets) for m in backend.build_warnings(checked)]
-            found += [VmemWarning(spec, position, m) for m in warnings]
+            found += [BuildNote(spec, position, m, "vmem") for m in warnings]
+            gradient = checked.gradient
+            if gradient is not None and gradient.not_yet is not None:
+                found.append(
+                    BuildNote(spec, kernel.position, not_differentiable(kernel.name, gradient.not_yet), "grad")
+                )
     return found
+
+
+def not_differentiable(name: str, not_yet: str) -> str:
+    """The build's note on a kernel that jax.grad cannot differentiate."""
+    return (
+        f"'{name}' is not differentiable: pallasgen generates no backward kernels yet for {not_yet},"
+        " so jax.grad of it raises NotImplementedError (`grad none` in the kernel says it is never"
+        " differentiated, and silences this note)"
+    )
 
 
 def _generate_all(jobs: list[tuple[str, str, Tuning | None, str, tuple[str, ...]]]) -> Iterator[str | SpecError]:
