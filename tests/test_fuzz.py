@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kernel_cases import load_module
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import decode, generate
+from pallasgen.workspace.sync import Target, build_notes
 
 EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
 RUN_EXAMPLES = max(10, EXAMPLES // 10)
@@ -408,3 +409,56 @@ def test_a_seeded_sample_of_mutated_kernels_that_build_are_called_and_match_thei
                     failures.append(f"{kernel.name} at {at}: {problem}\n--- spec:\n{text}")
     assert called == CALLED_SPECS, f"only {called} of {40 * CALLED_SPECS} mutations built"
     assert not failures, "\n\n".join(failures)
+
+
+# Products in the forms users write (SwiGLU, a softmax of a product, a transposed or
+# computed operand, a product reduced over N), some of which jax.grad cannot differentiate.
+PRODUCT_VALUES = [
+    "x @ w",
+    "(x @ w) * (x @ v)",
+    "silu(x @ w) * (x @ v)",
+    "softmax(x @ w, N)",
+    "exp((x @ w) - max(x @ w, N))",
+    "(x @ w) + (x @ u.T)",
+    "x @ f32(w)",
+    "x @ (w * 2)",
+    "where(x @ w > 0, x @ w, 0)",
+    "(x @ w) / sum(x @ w, N)",
+    "gelu(x @ w) * 2",
+]
+# Each input's declaration, for the values that read it.
+PRODUCT_INPUTS = {"x": "[M, K]", "w": "[K, N]", "v": "[K, N]", "u": "[N, K]"}
+
+
+@st.composite
+def product_specs(draw):
+    dtype = draw(st.sampled_from(["f32", "bf16"]))
+    value = draw(st.sampled_from(PRODUCT_VALUES))
+    inputs = [
+        f"    in  {name}: {dtype}{dims}" for name, dims in PRODUCT_INPUTS.items() if re.search(rf"\b{name}\b", value)
+    ]
+    lines = [*inputs, "    out z: f32[M, N]", f"    z = f32({value})"]
+    if draw(st.booleans()):
+        lines.insert(len(inputs) + 1, "    out r: f32[M]")
+        lines.append(f"    r = {draw(st.sampled_from(['sum', 'max']))}(f32({value}), N)")
+    if draw(st.booleans()):
+        lines.append(f"    block M = 128, N = {draw(st.sampled_from([128, 256]))}")
+    return "kernel k {\n" + "\n".join(lines) + "\n}\n"
+
+
+@settings(FUZZ, max_examples=RUN_EXAMPLES)
+@given(product_specs())
+def test_every_accepted_kernel_jax_grad_cannot_differentiate_is_noted_at_build(tmp_path_factory, source):
+    """Whatever the generated module's jax.grad raises NotImplementedError for,
+    `pallasgen build` has noted, naming the kernel; and it notes nothing else."""
+    module = build(source)
+    if module is None:
+        return
+    refused = set(
+        re.findall(r"def _(\w+)_vjp\(saved, cotangents[^)]*\):\n(?:    .*\n)*?    raise NotImplementedError", module)
+    )
+    spec = tmp_path_factory.mktemp("spec") / "k.pallas"
+    spec.write_text(source)
+    notes = build_notes([Target(spec, "k.pallas", spec.with_suffix(".py"))], str)
+    noted = {re.match(r"'(\w+)' is not differentiable", n.message).group(1) for n in notes if n.kind == "grad"}
+    assert noted == refused
