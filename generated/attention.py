@@ -9135,7 +9135,7 @@ def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g,
 # at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the nearest entry winning;
 # None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
 # masked block).
-_gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
+_gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, None, 1)}
 
 
 def _gqa_backward_over_r_gpu(
@@ -9162,6 +9162,8 @@ def _gqa_backward_over_r_gpu(
         (block_b, block_g, block_t, block_d, num_warps, num_stages),
     )
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_b * block_g * block_t * block_d * block_r)
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r
@@ -9735,7 +9737,7 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
+_matmul_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -9744,6 +9746,8 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -10790,7 +10794,7 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
+_rmsnorm_matmul_lhs_gpu_options = {None: (1, None, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
@@ -10799,6 +10803,8 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one
@@ -11521,7 +11527,7 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
+_rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _rmsnorm_matmul_lhs_backward_gpu(
@@ -11532,6 +11538,8 @@ def _rmsnorm_matmul_lhs_backward_gpu(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, k=k),
         # One program per block of M; programs run concurrently. Each holds all of K (one

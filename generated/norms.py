@@ -114,7 +114,7 @@ def _layer_norm_with_residuals_gpu_kernel(
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
+_layer_norm_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _layer_norm_with_residuals_gpu(
@@ -125,6 +125,8 @@ def _layer_norm_with_residuals_gpu(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -431,7 +433,7 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_layer_norm_gpu_options = {None: (1, 4, 1)}
+_layer_norm_gpu_options = {None: (1, None, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
@@ -440,6 +442,8 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -787,7 +791,7 @@ def _layer_norm_backward_gpu_kernel(
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_layer_norm_backward_gpu_options = {None: (1, 4, 1)}
+_layer_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _layer_norm_backward_gpu(
@@ -798,6 +802,8 @@ def _layer_norm_backward_gpu(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1446,7 +1452,7 @@ def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
+_rms_norm_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
@@ -1455,6 +1461,8 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1677,7 +1685,7 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_rms_norm_gpu_options = {None: (1, 4, 1)}
+_rms_norm_gpu_options = {None: (1, None, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
@@ -1686,6 +1694,8 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
         _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1918,7 +1928,7 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_rms_norm_backward_gpu_options = {None: (1, 4, 1)}
+_rms_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _rms_norm_backward_gpu(
@@ -1929,6 +1939,8 @@ def _rms_norm_backward_gpu(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one

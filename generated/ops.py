@@ -724,7 +724,7 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_argmax_f32_gpu_options = {None: (1, 4, 1)}
+_argmax_f32_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -733,6 +733,8 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_f32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1362,7 +1364,7 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_argmax_i32_gpu_options = {None: (1, 4, 1)}
+_argmax_i32_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -1371,6 +1373,8 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_i32_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1974,7 +1978,7 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_argmax_i8_gpu_options = {None: (1, 4, 1)}
+_argmax_i8_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -1983,6 +1987,8 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_i8_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one

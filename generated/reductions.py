@@ -74,7 +74,7 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_argmax_rows_gpu_options = {None: (1, 4, 1)}
+_argmax_rows_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -83,6 +83,8 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -426,7 +428,7 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_argmin_rows_gpu_options = {None: (1, 4, 1)}
+_argmin_rows_gpu_options = {None: (1, None, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -435,6 +437,8 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmin_rows_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -967,7 +971,7 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
+_quantize_rows_int8_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -976,6 +980,8 @@ def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_s
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1232,7 +1238,7 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
+_quantize_rows_int8_gpu_options = {None: (1, None, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -1241,6 +1247,8 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one

@@ -100,7 +100,7 @@ def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, ma
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
+_softmax_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -109,6 +109,8 @@ def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, inte
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -370,7 +372,7 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_softmax_gpu_options = {None: (1, 4, 1)}
+_softmax_gpu_options = {None: (1, None, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -379,6 +381,8 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -620,7 +624,7 @@ def _softmax_backward_gpu_kernel(
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_softmax_backward_gpu_options = {None: (1, 4, 1)}
+_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _softmax_backward_gpu(
@@ -631,6 +635,8 @@ def _softmax_backward_gpu(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -910,7 +916,7 @@ def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, 
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
+_log_softmax_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -919,6 +925,8 @@ def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, 
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1109,7 +1117,7 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_log_softmax_gpu_options = {None: (1, 4, 1)}
+_log_softmax_gpu_options = {None: (1, None, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -1118,6 +1126,8 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one
@@ -1315,7 +1325,7 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
 # none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
 # spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
 # rt.triton_options clamps the blocks (a small dimension: one masked block).
-_log_softmax_backward_gpu_options = {None: (1, 4, 1)}
+_log_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _log_softmax_backward_gpu(
@@ -1326,6 +1336,8 @@ def _log_softmax_backward_gpu(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
+    num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one

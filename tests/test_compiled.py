@@ -267,6 +267,34 @@ def test_triton_compiles_for_sm90(module, kernel, size):
         assert binary.spill_stores == binary.spill_loads == 0, f"{ttir.name} spills registers:\n{binary.ptxas_log}"
 
 
+@pytest.mark.parametrize(
+    ("kernel", "shapes"),
+    [
+        ("softmax", [((4096, 32768), np.float32)]),
+        (
+            "softmax_backward",
+            [
+                ((4096, 32768), np.float32),
+                *[((4096,), t) for t in (np.float32, np.int32, np.float32)],
+                ((4096, 32768), np.float32),
+            ],
+        ),
+    ],
+)
+def test_a_long_row_held_whole_gets_the_warps_that_keep_it_in_registers(kernel, shapes):
+    """A program holds a whole row of 32768 f32 (softmax's N): the launcher takes 32 warps
+    (rt.row_warps) where nothing sets them, and ptxas spills at most a few hundred bytes a
+    thread; with the four warps a caller may still ask for, the backward spills 14 KiB."""
+    function = getattr(generated_module("softmax"), kernel)
+    arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    (ttir,) = compile_only.triton_ir(functools.partial(function, interpret=False), arguments)
+    binary = compile_only.compile_triton(ttir)
+    assert ttir.num_warps == 32 and binary.spill_stores <= 256, binary.ptxas_log
+    if kernel == "softmax_backward":
+        (four,) = compile_only.triton_ir(functools.partial(function, interpret=False, gpu_warps=4), arguments)
+        assert four.num_warps == 4 and compile_only.compile_triton(four).spill_stores > 8192
+
+
 @pytest.mark.parametrize(("module", "kernel", "size"), cases(MASKED_SIZES))
 def test_triton_accesses_are_masked_where_blocks_overhang(module, kernel, size):
     """Every block here overhangs its array in every dimension (odd sizes, or arrays

@@ -461,3 +461,9 @@ def test_masks_cover_the_positions_inside_and_none_where_blocks_fit():
     assert mask.shape == (2, 8) and int(mask.sum()) == 8
     filled = support.fill_past(jnp.ones((2, 8)), 8, 12, 1, 0.0)
     np.testing.assert_array_equal(filled.sum(axis=1), [4, 4])
+
+
+def test_a_program_of_whole_rows_takes_a_warp_per_1024_values_from_4_to_32():
+    from pallasgen.runtime import support as rt
+
+    assert [rt.row_warps(v) for v in (1, 2048, 4096, 8192, 32768, 1 << 20)] == [4, 4, 4, 8, 32, 32]

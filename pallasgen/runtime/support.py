@@ -152,6 +152,13 @@ def triton_options(table, sizes, given, least=1):
     return (*blocks, *chosen[count:])
 
 
+def row_warps(values):
+    """The warps of a Triton program that holds `values` of each array of whole rows (None
+    in its table: no spec or tuned entry says): one per 1024 of them, 4 to 32. With four,
+    ptxas spills a row of 32768 f32 (softmax's backward: 14 KiB a thread) to local memory."""
+    return max(4, min(32, values // 1024))
+
+
 def mgpu_check_choices(kernel, dims, chosen, depths, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
     `chosen` are a product's blocks of its M, N and K (`dims`, the kernel's names of

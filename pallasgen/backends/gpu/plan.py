@@ -65,7 +65,8 @@ class GpuPlan:
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
     whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, least block) of dimensions held whole
-    options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
+    options: tuple[tuple[str, str, int | None], ...]  # (public keyword, GPU function keyword, default)
+    row_warps: str | None  # the values a program holds of whole rows, where they choose its warps
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
     call_sizes: str  # the launcher's sizes, in the tuned entries' order
@@ -286,6 +287,9 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     kernel_keywords = [name for name in kernel_keywords if name not in read] + [p.name for p in kernel.params]
     if product is not None:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
+    # A program that holds whole rows takes its warps from their size where the spec sets none.
+    spec_warps = any(option.name == "warps" for option in kernel.gpu_options)
+    row_warps = " * ".join(block_keyword(d) for d in [*tunable, *whole]) if whole and not spec_warps else None
     return GpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -301,7 +305,11 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             for d in tunable
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d, 1) for d in whole),  # a product contracts none
-        options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
+        options=tuple(
+            (keyword, f"num_{name}", None if name == "warps" and row_warps else settings.options[name])
+            for name, (keyword, _) in OPTIONS.items()
+        ),
+        row_warps=row_warps,
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
