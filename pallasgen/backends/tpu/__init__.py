@@ -63,7 +63,7 @@ class TpuBackend(Backend):
         return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_fused_tpu(lowered) if lowered.checked.fused else plan_tpu(lowered)
+        return plan_fused_tpu(lowered) if lowered.checked.frame else plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
         return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
