@@ -9864,7 +9864,6 @@ def matmul_softmax_backward(y, dy):
 
 
 def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -9876,10 +9875,10 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
     acc_n_lhs = dacc
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), n_start, n, 1, 0).astype(
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), n_start, n, 1, 0).astype(
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
             jnp.bfloat16
         )
     acc_n_ref[...] = acc_n_ref[...] + (
@@ -10114,7 +10113,6 @@ def matmul_softmax_backward_x(dacc, w):
 
 
 def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -10126,10 +10124,10 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
@@ -10942,7 +10940,6 @@ def rmsnorm_matmul_lhs(x, g):
 
 
 def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -10954,10 +10951,10 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
     acc_n_lhs = dy
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), n_start, n, 1, 0).astype(
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), n_start, n, 1, 0).astype(
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
             jnp.bfloat16
         )
     acc_n_ref[...] = acc_n_ref[...] + (
@@ -11192,7 +11189,6 @@ def rmsnorm_matmul_backward_lhs(dy, w):
 
 
 def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -11204,10 +11200,10 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
     acc_m_lhs = lhs
     acc_m_rhs = dy
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(

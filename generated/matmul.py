@@ -21,7 +21,6 @@ from pallasgen.runtime.support import plgpu
 
 
 def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -33,8 +32,8 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
         acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
     )
@@ -262,7 +261,6 @@ def matmul(x, y):
 
 
 def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -274,8 +272,8 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     acc_n_lhs = dz
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, step * block_n, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, step * block_n, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + (
         jnp.sum(
             acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
@@ -498,7 +496,6 @@ def matmul_backward_x(dz, y):
 
 
 def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -510,8 +507,8 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
     acc_m_lhs = x
     acc_m_rhs = dz
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, step * block_m, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, step * block_m, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -730,7 +727,6 @@ def matmul_backward_y(x, dz):
 
 
 def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -742,8 +738,8 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, 
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
         acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
     )
@@ -998,7 +994,6 @@ def matmul_relu_with_residuals(x, y):
 
 
 def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1010,8 +1005,8 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
         acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
     )
@@ -1883,7 +1878,6 @@ def matmul_relu_backward_y(acc, dz, x):
 def _matmul_bias_gelu_with_residuals_kernel(
     x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k
 ):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1895,10 +1889,10 @@ def _matmul_bias_gelu_with_residuals_kernel(
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), k_start, k, 1, 0).astype(
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), k_start, k, 0, 0).astype(
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
             jnp.bfloat16
         )
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
@@ -1907,8 +1901,8 @@ def _matmul_bias_gelu_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        bias = bias_ref[...]
         acc_k = acc_k_ref[...]
+        bias = bias_ref[...]
         acc = acc_k
         acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -2187,7 +2181,6 @@ def matmul_bias_gelu_with_residuals(x, y, bias):
 
 
 def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -2199,10 +2192,10 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, blo
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), k_start, k, 1, 0).astype(
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), k_start, k, 0, 0).astype(
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
             jnp.bfloat16
         )
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
@@ -2211,8 +2204,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, blo
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        bias = bias_ref[...]
         acc_k = acc_k_ref[...]
+        bias = bias_ref[...]
         z_ref[...] = jax.nn.gelu(acc_k + bias, approximate=True).astype(jnp.bfloat16)
 
 
@@ -3324,7 +3317,6 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
 
 
 def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -3336,8 +3328,12 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), k_start, k, 1, 0).astype(jnp.int8)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), k_start, k, 0, 0).astype(jnp.int8)
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), step * block_k, k, 1, 0).astype(
+            jnp.int8
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), step * block_k, k, 0, 0).astype(
+            jnp.int8
+        )
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
         acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32
     )
@@ -3554,7 +3550,6 @@ def matmul_int8(x, y):
 
 
 def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(3) * block_k
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -3566,10 +3561,10 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), k_start, k, 1, 0).astype(
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), k_start, k, 0, 0).astype(
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
             jnp.bfloat16
         )
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
@@ -4874,7 +4869,6 @@ def scores_backward_epilogue(ds, *, scale=0.125):
 
 
 def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t):
-    t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -4886,10 +4880,10 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
     acc_t_lhs = dacc
     acc_t_rhs = k
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), t_start, t, 1, 0).astype(
+        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), step * block_t, t, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), t_start, t, 0, 0).astype(
+        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), step * block_t, t, 0, 0).astype(
             jnp.bfloat16
         )
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
@@ -5119,7 +5113,6 @@ def scores_backward_q(dacc, k):
 
 
 def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s):
-    s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -5131,10 +5124,10 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
     acc_s_lhs = dacc
     acc_s_rhs = q
     if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), s_start, s, 0, 0).astype(
+        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
             jnp.bfloat16
         )
-        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), s_start, s, 0, 0).astype(
+        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
             jnp.bfloat16
         )
     acc_s_ref[...] = acc_s_ref[...] + jax.lax.dot_general(
@@ -5368,7 +5361,6 @@ def scores_backward_k(dacc, q):
 
 
 def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(2) * block_k
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -5380,10 +5372,10 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = w
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), k_start, k, 1, 0).astype(
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), k_start, k, 1, 0).astype(
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
             jnp.bfloat16
         )
     acc_k_ref[...] = acc_k_ref[...] + (
@@ -5398,8 +5390,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        bias = bias_ref[...]
         acc_k = acc_k_ref[...]
+        bias = bias_ref[...]
         y_ref[...] = (acc_k + bias).astype(jnp.bfloat16)
 
 
@@ -5844,7 +5836,6 @@ def linear_backward_over_m(dy):
 
 
 def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -5856,10 +5847,10 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     acc_n_lhs = dy
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), n_start, n, 1, 0).astype(
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
             jnp.bfloat16
         )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), n_start, n, 0, 0).astype(
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 0, 0).astype(
             jnp.bfloat16
         )
     acc_n_ref[...] = acc_n_ref[...] + jnp.dot(
@@ -6075,7 +6066,6 @@ def linear_backward_x(dy, w):
 
 
 def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -6087,10 +6077,10 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
     acc_m_lhs = dy
     acc_m_rhs = x
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), m_start, m, 0, 0).astype(
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
             jnp.bfloat16
         )
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(

@@ -431,7 +431,10 @@ class FusedLowering:
         lines = [
             line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)
         ]
-        return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
+        loads = self._loads(sweep.finish, factors, skip=sweep.results)
+        if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
+            return lines + loads + stores
+        return loads + lines + stores
 
     def _skip_condition(self, emitter, starts=None) -> str | None:
         skip = self.checked.sweep.skip

@@ -83,9 +83,9 @@ class TpuBackend(Backend):
 
     def layouts(self, checked):
         """Each array's block as Mosaic tiles it: what the tiling rule reads."""
-        if checked.fused:
-            return tile_layouts(checked.kernel, checked.fused)
-        return array_layouts(checked.kernel, checked.space.layout, checked.product)
+        if checked.frame:  # a kernel with products: as its tiles hold them
+            return tile_layouts(checked.kernel, checked.frame)
+        return array_layouts(checked.kernel, checked.space.layout, None)
 
     def block_problem(self, checked, dim, block):
         """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""

@@ -1,7 +1,8 @@
-"""The TPU plan of a fused kernel (analysis.fused): a grid of batch elements, blocks of
-the dimensions outputs keep (parallel, unless an output lacks one) and, last, the steps
-of the swept dimension (arbitrary), whose running values live in VMEM scratch, set at the first step and read
-at the last (`pl.when`)."""
+"""The TPU plan of every kernel with a product (its tiles: analysis.fused), a single
+product as a fused kernel: a grid of batch elements, blocks of the dimensions outputs
+keep (parallel, unless an output lacks one) and, last, the steps of the swept dimension
+(arbitrary), whose running values (a product's accumulator among them) live in VMEM
+scratch, set at the first step and read at the last (`pl.when`)."""
 
 from __future__ import annotations
 
@@ -149,7 +150,10 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     if checked.sweep:
         dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
-        code = body_lowering.swept(ref_store(refs), sweep_start, ragged)
+        # A single product masks a ragged K from the step's index where it masks: a start
+        # computed up front cost matmul's backward pass 2 cycles more on v5e (bench --chip).
+        start = f"{step} * {block_keyword(dim)}" if checked.product is not None else sweep_start
+        code = body_lowering.swept(ref_store(refs), start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
         running = code.running
