@@ -9867,39 +9867,38 @@ def matmul_softmax_backward(y, dy):
     return dacc
 
 
-def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
+def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dacc, w = dacc_ref[...], w_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dacc = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        w = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < n,
-            w.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dacc.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
-        if w.shape[0] == 1
+    dacc = dacc_ref[...]
+    w = w_ref[...]
+    acc_n_lhs = dacc
+    acc_n_rhs = w
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
+            jnp.bfloat16
+        )
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(
+            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
+        )
+        if acc_n_rhs.shape[0] == 1
         else jax.lax.dot_general(
-            dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -9936,7 +9935,7 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -10117,34 +10116,32 @@ def matmul_softmax_backward_x(dacc, w):
     return dx
 
 
-def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, block_m):
+def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x, dacc = x_ref[...], dacc_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        dacc = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    x = x_ref[...]
+    dacc = dacc_ref[...]
+    acc_m_lhs = x
+    acc_m_rhs = dacc
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dw_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_m = acc_m_ref[...]
+        dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -10181,7 +10178,7 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -10948,39 +10945,38 @@ def rmsnorm_matmul_lhs(x, g):
     return lhs, mean_k
 
 
-def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, block_n):
+def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dy, w = dy_ref[...], w_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dy = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n,
-            dy.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        w = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < n,
-            w.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dy.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
-        if w.shape[0] == 1
+    dy = dy_ref[...]
+    w = w_ref[...]
+    acc_n_lhs = dy
+    acc_n_rhs = w
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
+            jnp.bfloat16
+        )
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(
+            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
+        )
+        if acc_n_rhs.shape[0] == 1
         else jax.lax.dot_general(
-            dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dlhs_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_n = acc_n_ref[...]
+        dlhs_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -11017,7 +11013,7 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -11198,34 +11194,32 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     return dlhs
 
 
-def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, block_m):
+def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    lhs, dy = lhs_ref[...], dy_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        lhs = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, lhs.shape, 0) < m,
-            lhs.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        dy = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m,
-            dy.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    lhs = lhs_ref[...]
+    dy = dy_ref[...]
+    acc_m_lhs = lhs
+    acc_m_rhs = dy
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dw_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_m = acc_m_ref[...]
+        dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -11262,7 +11256,7 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),

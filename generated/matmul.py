@@ -20,23 +20,28 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
+    def _finish():
+        acc_k = acc_k_ref[...]
+        z_ref[...] = acc_k
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -72,7 +77,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -255,30 +260,34 @@ def matmul(x, y):
     return z
 
 
-def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dz, y = dz_ref[...], y_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        dz = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, dz.shape, 1) < n, dz, 0)
-        y = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n, y, 0)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dz.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
-        if y.shape[0] == 1
+    dz = dz_ref[...]
+    y = y_ref[...]
+    acc_n_lhs = dz
+    acc_n_rhs = y
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = rt.fill_past(acc_n_lhs, step * block_n, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, step * block_n, n, 1, 0)
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(
+            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
+        )
+        if acc_n_rhs.shape[0] == 1
         else jax.lax.dot_general(
-            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc
+    def _finish():
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -311,7 +320,7 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -486,25 +495,28 @@ def matmul_backward_x(dz, y):
     return dx
 
 
-def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
+def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x, dz = x_ref[...], dz_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x, 0)
-        dz = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, dz.shape, 0) < m, dz, 0)
-    acc_ref[...] += jax.lax.dot_general(
-        x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    x = x_ref[...]
+    dz = dz_ref[...]
+    acc_m_lhs = x
+    acc_m_rhs = dz
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = rt.fill_past(acc_m_lhs, step * block_m, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, step * block_m, m, 0, 0)
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dy_ref[...] = acc
+    def _finish():
+        acc_m = acc_m_ref[...]
+        dy_ref[...] = acc_m
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -537,7 +549,7 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -714,23 +726,28 @@ def matmul_backward_y(x, dz):
     return dy
 
 
-def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref, *, k, block_k):
+def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        product_ref[...] = jnp.zeros_like(product_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    product_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        product = product_ref[...]
-        acc = product
+    def _finish():
+        acc_k = acc_k_ref[...]
+        acc = acc_k
         acc_ref[...] = acc
         z_ref[...] = jax.nn.relu(acc)
 
@@ -774,7 +791,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
         ),
-        # product_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -976,23 +993,28 @@ def matmul_relu_with_residuals(x, y):
     return z, acc
 
 
-def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = jax.nn.relu(acc)
+    def _finish():
+        acc_k = acc_k_ref[...]
+        z_ref[...] = jax.nn.relu(acc_k)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -1028,7 +1050,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -1854,34 +1876,34 @@ def matmul_relu_backward_y(acc, dz, x):
 
 
 def _matmul_bias_gelu_with_residuals_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, product_ref, *, k, block_k
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k
 ):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        product_ref[...] = jnp.zeros_like(product_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    product_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        product = product_ref[...]
+    def _finish():
+        acc_k = acc_k_ref[...]
         bias = bias_ref[...]
-        acc = product
+        acc = acc_k
         acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
@@ -1928,7 +1950,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
         ),
-        # product_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -2158,33 +2180,33 @@ def matmul_bias_gelu_with_residuals(x, y, bias):
     return z, acc
 
 
-def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
+def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
+    def _finish():
+        acc_k = acc_k_ref[...]
         bias = bias_ref[...]
-        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+        z_ref[...] = jax.nn.gelu(acc_k + bias, approximate=True).astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -2225,7 +2247,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -3294,32 +3316,32 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     return dy, dbias
 
 
-def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.int32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select i8 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.int32),
-            0,
-        ).astype(jnp.int8)
-        y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.int32),
-            0,
-        ).astype(jnp.int8)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.int32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), step * block_k, k, 1, 0).astype(
+            jnp.int8
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), step * block_k, k, 0, 0).astype(
+            jnp.int8
+        )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
+    def _finish():
+        acc_k = acc_k_ref[...]
+        z_ref[...] = acc_k
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -3351,8 +3373,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        # acc_ref: the i32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -3528,32 +3549,32 @@ def matmul_int8(x, y):
     return z
 
 
-def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(3)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    y = y_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = y
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
+        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
+    def _finish():
+        acc_k = acc_k_ref[...]
+        z_ref[...] = acc_k
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -3592,7 +3613,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         # z: f32[B, M, N]
         out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
@@ -4432,14 +4453,13 @@ def batched_matmul_backward_y(dz, x):
 
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
-    q, k = q_ref[...], k_ref[...]
-    # Where T is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc = (
+    q = q_ref[...]
+    k = k_ref[...]
+    s_ref[...] = (
         jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
         if k.shape[0] == 1
         else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
-    s_ref[...] = acc * scale
+    ) * scale
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -4848,32 +4868,32 @@ def scores_backward_epilogue(ds, *, scale=0.125):
     return dacc
 
 
-def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
+def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t):
     step = pl.program_id(3)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    dacc, k = dacc_ref[...], k_ref[...]
-    if t % block_t:  # a ragged T: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dacc = jnp.where(
-            step * block_t + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < t,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        k = jnp.where(
-            step * block_t + jax.lax.broadcasted_iota(jnp.int32, k.shape, 0) < t,
-            k.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jnp.dot(dacc, k, preferred_element_type=jnp.float32)
+    dacc = dacc_ref[...]
+    k = k_ref[...]
+    acc_t_lhs = dacc
+    acc_t_rhs = k
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), step * block_t, t, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), step * block_t, t, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dq_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_t = acc_t_ref[...]
+        dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -4912,7 +4932,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         # dq: bf16[B, S, D]
         out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
-        # acc_ref: the f32 sum over T of one output tile
+        # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
@@ -5092,34 +5112,32 @@ def scores_backward_q(dacc, k):
     return dq
 
 
-def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
+def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s):
     step = pl.program_id(3)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
 
-    dacc, q = dacc_ref[...], q_ref[...]
-    if s % block_s:  # a ragged S: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dacc = jnp.where(
-            step * block_s + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < s,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        q = jnp.where(
-            step * block_s + jax.lax.broadcasted_iota(jnp.int32, q.shape, 0) < s,
-            q.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    dacc = dacc_ref[...]
+    q = q_ref[...]
+    acc_s_lhs = dacc
+    acc_s_rhs = q
+    if s % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
+            jnp.bfloat16
+        )
+        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_s_ref[...] = acc_s_ref[...] + jax.lax.dot_general(
+        acc_s_lhs, acc_s_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dk_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_s = acc_s_ref[...]
+        dk_ref[...] = acc_s.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -5158,7 +5176,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         # dk: bf16[B, T, D]
         out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
-        # acc_ref: the f32 sum over S of one output tile
+        # acc_s_ref: the product over S
         scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
@@ -5342,38 +5360,39 @@ def scores_backward_k(dacc, q):
     return dk
 
 
-def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
+def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x, w = x_ref[...], w_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        w = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k,
-            w.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    # Where N is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(x.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
-        if w.shape[0] == 1
-        else jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    w = w_ref[...]
+    acc_k_lhs = x
+    acc_k_rhs = w
+    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
+            jnp.bfloat16
+        )
+    acc_k_ref[...] = acc_k_ref[...] + (
+        jnp.sum(
+            acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True
+        )
+        if acc_k_rhs.shape[0] == 1
+        else jax.lax.dot_general(
+            acc_k_lhs, acc_k_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
+    def _finish():
+        acc_k = acc_k_ref[...]
         bias = bias_ref[...]
-        y_ref[...] = (acc + bias).astype(jnp.bfloat16)
+        y_ref[...] = (acc_k + bias).astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -5411,7 +5430,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over K of one output tile
+        # acc_k_ref: the product over K
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -5816,32 +5835,32 @@ def linear_backward_over_m(dy):
     return dbias
 
 
-def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
+def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dy, w = dy_ref[...], w_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dy = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n,
-            dy.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        w = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < n,
-            w.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jnp.dot(dy, w, preferred_element_type=jnp.float32)
+    dy = dy_ref[...]
+    w = w_ref[...]
+    acc_n_lhs = dy
+    acc_n_rhs = w
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
+            jnp.bfloat16
+        )
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_n_ref[...] = acc_n_ref[...] + jnp.dot(
+        acc_n_lhs, acc_n_rhs, preferred_element_type=jnp.float32
+    )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -5873,7 +5892,7 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -6046,34 +6065,32 @@ def linear_backward_x(dy, w):
     return dx
 
 
-def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
+def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    dy, x = dy_ref[...], x_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dy = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m,
-            dy.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        x = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    dy = dy_ref[...]
+    x = x_ref[...]
+    acc_m_lhs = dy
+    acc_m_rhs = x
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
+            jnp.bfloat16
+        )
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dw_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_m = acc_m_ref[...]
+        dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
@@ -6106,7 +6123,7 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         ],
         out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),

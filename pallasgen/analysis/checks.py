@@ -55,6 +55,9 @@ class CheckedKernel:
     # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
     tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
+    # Every product kernel's tiles (analysis.fused): `fused`'s, or a single product's, which
+    # the TPU plans as carried state too (Triton and Mosaic GPU still plan it as `product`).
+    frame: FusedKernel | None = None
     sweep: Sweep | None = None  # what any kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
 
@@ -134,7 +137,13 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     found.extend(type_problems)
     sweep, problems = (None, []) if found else sweep_of(kernel, types, blocks, batch_dims(product) if product else ())
     found.extend(problems)
-    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
+    frame = None
+    if product is not None and not found:  # its tiles, from its operands' types too
+        types = {**infer_body(kernel, space.names, None)[0], **types}
+        # None where it has none: a batch dimension not blocked by 1, which the TPU's checks
+        # refuse (a kernel checked without them, as a Mosaic GPU stage, plans no TPU kernel).
+        frame, _ = analyze_fused(kernel, types, space.names, blocks)
+    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
 
 
 def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
@@ -175,7 +184,10 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, None, blocks, found, fused=fused)
         found.extend(problems)
-    return CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused, sweep=sweep), found
+    return (
+        CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused, sweep=sweep, frame=fused),
+        found,
+    )
 
 
 def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[Sweep | None, list[Diagnostic]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pallasgen.analysis.dtypes import DTYPES, promote
+from pallasgen.analysis.dtypes import DTYPES, promote, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Carry, walk_outside
 from pallasgen.analysis.fused import FusedKernel
@@ -125,12 +125,17 @@ class FusedLowering:
     reductions and positions; `extents` gives each dimension's block extent as code;
     `placement` keeps the running values; `emitter_for(overrides)` makes an emitter."""
 
-    def __init__(self, lowered, namer, spelling: FrameSpelling, extents, placement: Placement, emitter_for, load):
+    def __init__(
+        self, lowered, namer, spelling: FrameSpelling, extents, placement: Placement, emitter_for, load, mosaic=False
+    ):
         self.lowered, self.namer, self.spelling = lowered, namer, spelling
         self.checked = lowered.checked
-        self.fused: FusedKernel = self.checked.fused
+        self.fused: FusedKernel = self.checked.frame
         self.extents, self.placement, self.emitter_for, self.load = extents, placement, emitter_for, load
         self.types = self.checked.types
+        # Mosaic's limits on a single product of two inputs (`checked.product`): its operands
+        # masked in 32 bits, and x @ y.T with a one-row y multiplied and summed (`_product_term`).
+        self.mosaic_product = mosaic and self.checked.product is not None
 
     # -- shared ------------------------------------------------------------------------
 
@@ -148,7 +153,30 @@ class FusedLowering:
     def _dot(self, node: ir.Binary, emitter) -> str:
         product = self.fused.products[node]
         lhs, rhs = self._operands(node, emitter)
-        return dot_code(product, lhs, rhs, self._accumulate(node))
+        return self._product_term(product, lhs, rhs, self._accumulate(node))
+
+    def _product_term(self, product, lhs: str, rhs: str, accumulate: str) -> str:
+        """The product of two tiles. On Mosaic, x @ y.T with a one-row y lowers as a vector
+        product, which fails for all but f32, and an f32 result of one column fails to
+        broadcast over what follows: there it is multiplied and summed instead."""
+        dot = dot_code(product, lhs, rhs, accumulate)
+        if not self.mosaic_product or (product.lhs_contracts, product.rhs_contracts) != (1, 1):
+            return dot
+        vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
+        return f"({vector} if {rhs}.shape[0] == 1 else {dot})"
+
+    def _fill_operand(self, value: str, node: ir.Expr, axis: int) -> list[str]:
+        """`value`, a product's operand, with 0 past the swept dimension's end; on Mosaic, a
+        16- or 8-bit one selected in 32 bits (it cannot select such blocks of fewer than 5
+        rows)."""
+        size = self.lowered.sizes[self.checked.sweep.dim]
+        dtype = DTYPES[tpu_dtype(self.types[node].dtype.name)]  # f16 is computed as f32 there
+        if not self.mosaic_product or dtype.bits >= 32:
+            return [f"    {value} = rt.fill_past({value}, {self.start}, {size}, {axis}, 0)"]
+        wide = F32 if dtype.is_float else "jnp.int32"
+        return [
+            f"    {value} = rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
+        ]
 
     def _operands(self, node, emitter) -> tuple[str, str]:
         """Both operands, converted to their common dtype as jnp.matmul would."""
@@ -333,10 +361,10 @@ class FusedLowering:
             lines = self._masked(left, lhs, product.lhs, "0")[:1] + self._masked(right, rhs, product.rhs, "0")[:1]
             lines += [
                 f"if {self.ragged}:  # a ragged {dim}: both operands 0 past its end, never padding",
-                f"    {left} = rt.fill_past({left}, {self.start}, {self.lowered.sizes[dim]}, {product.lhs_contracts}, 0)",
-                f"    {right} = rt.fill_past({right}, {self.start}, {self.lowered.sizes[dim]}, {product.rhs_contracts}, 0)",
+                *self._fill_operand(left, product.lhs, product.lhs_contracts),
+                *self._fill_operand(right, product.rhs, product.rhs_contracts),
             ]
-            term = dot_code(product, left, right, self._accumulate(carry.node))
+            term = self._product_term(product, left, right, self._accumulate(carry.node))
             kept = f"{scale} * {read[0]}" if scale else read[0]
             return lines + [self.placement.write(names[0], f"{kept} + {term}")]
         axis = self._axis(carry.value, dim)
@@ -403,7 +431,10 @@ class FusedLowering:
         lines = [
             line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)
         ]
-        return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
+        loads = self._loads(sweep.finish, factors, skip=sweep.results)
+        if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
+            return lines + loads + stores
+        return loads + lines + stores
 
     def _skip_condition(self, emitter, starts=None) -> str | None:
         skip = self.checked.sweep.skip

@@ -62,11 +62,12 @@ class LoweredKernel:
     def kernel(self) -> ir.Kernel:
         return self.checked.kernel
 
-    def emitter(self, tpu: bool = False, spelling=None, overrides=None, **backend) -> Emitter:
-        """An emitter of this kernel's expressions: the product is its accumulator, and
-        `overrides` name other nodes computed elsewhere; `backend`: the Emitter's options
-        of a backend's spelling (narrow_ints_in_i32, codes)."""
-        fixed = {self.checked.product.node: self.accumulator} if self.checked.product else {}
+    def emitter(self, tpu: bool = False, spelling=None, overrides=None, carried=False, **backend) -> Emitter:
+        """An emitter of this kernel's expressions: the product is its accumulator (unless
+        `carried`: a carried-state plan computes it where the frame says), and `overrides`
+        name other nodes computed elsewhere; `backend`: the Emitter's options of a
+        backend's spelling (narrow_ints_in_i32, codes)."""
+        fixed = {self.checked.product.node: self.accumulator} if self.checked.product and not carried else {}
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
         # Without a product, `overrides` is the emitter's own: filling it later reaches it.
         overrides = {**fixed, **(overrides or {})} if fixed or overrides is None else overrides

@@ -63,7 +63,7 @@ class TpuBackend(Backend):
         return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_fused_tpu(lowered) if lowered.checked.fused else plan_tpu(lowered)
+        return plan_fused_tpu(lowered) if lowered.checked.frame else plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
         return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
@@ -83,9 +83,9 @@ class TpuBackend(Backend):
 
     def layouts(self, checked):
         """Each array's block as Mosaic tiles it: what the tiling rule reads."""
-        if checked.fused:
-            return tile_layouts(checked.kernel, checked.fused)
-        return array_layouts(checked.kernel, checked.space.layout, checked.product)
+        if checked.frame:  # a kernel with products: as its tiles hold them
+            return tile_layouts(checked.kernel, checked.frame)
+        return array_layouts(checked.kernel, checked.space.layout, None)
 
     def block_problem(self, checked, dim, block):
         """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""

@@ -1,7 +1,8 @@
-"""The TPU plan of a fused kernel (analysis.fused): a grid of batch elements, blocks of
-the dimensions outputs keep (parallel, unless an output lacks one) and, last, the steps
-of the swept dimension (arbitrary), whose running values live in VMEM scratch, set at the first step and read
-at the last (`pl.when`)."""
+"""The TPU plan of every kernel with a product (its tiles: analysis.fused), a single
+product as a fused kernel: a grid of batch elements, blocks of the dimensions outputs
+keep (parallel, unless an output lacks one) and, last, the steps of the swept dimension
+(arbitrary), whose running values (a product's accumulator among them) live in VMEM
+scratch, set at the first step and read at the last (`pl.when`)."""
 
 from __future__ import annotations
 
@@ -32,17 +33,19 @@ from pallasgen.backends.tpu.plan import (
     sum_code,
     tunable_dims,
     vmem_comment,
+    vmem_needed_code,
     wrap,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import (
     FUSED_BLOCK,
+    chip_blocks,
     STRIP_COLS,
     STRIP_ROWS,
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem
+from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, vmem
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
@@ -62,7 +65,7 @@ def grid_dims(checked: CheckedKernel) -> list[str]:
     """Batch dimensions, then the parallel blocks, then the swept dimension's steps; those
     of them that some output lacks (`in_every_output`) after the others, just before the
     swept one: Mosaic wants the parallel axes to be a prefix of the grid."""
-    fused = checked.fused
+    fused = checked.frame
     kept = [*fused.batch, *fused.parallel]
     swept = [checked.sweep.dim] if checked.sweep else []
     return sorted(kept, key=lambda d: not in_every_output(checked.kernel, d)) + swept
@@ -100,7 +103,7 @@ def check_fused_tpu(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Di
 def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     checked = lowered.checked
     launcher, kernel_function = launcher_name(checked.kernel.name), kernel_function_name(checked.kernel.name)
-    kernel, fused = checked.kernel, checked.fused
+    kernel, fused = checked.kernel, checked.frame
     values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
     namer = lowered.namer.fork()
     grid = grid_dims(checked)
@@ -123,9 +126,11 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     spelling = FrameSpelling(fused, sizes, extents, starts)
 
     def emitter_for(overrides):
-        return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides)
+        return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides, carried=True)
 
-    lowering = FusedLowering(lowered, namer, spelling, extents, RefPlacement(), emitter_for, ref_load(refs))
+    lowering = FusedLowering(
+        lowered, namer, spelling, extents, RefPlacement(), emitter_for, ref_load(refs), mosaic=True
+    )
     # A kernel that skips blocks computes each step in strips of rows: the positions in its
     # body are those of a strip, whose extents the strip function takes.
     strip_extents = None
@@ -134,10 +139,10 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     body_spelling = FrameSpelling(fused, sizes, {**extents, **(strip_extents or {})}, starts)
 
     def body_emitter_for(overrides):
-        return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides)
+        return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides, carried=True)
 
     body_lowering = FusedLowering(
-        lowered, namer, body_spelling, extents, RefPlacement(), body_emitter_for, ref_load(refs)
+        lowered, namer, body_spelling, extents, RefPlacement(), body_emitter_for, ref_load(refs), mosaic=True
     )
     accumulator = None
     scratch_refs = []
@@ -145,7 +150,10 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     if checked.sweep:
         dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
-        code = body_lowering.swept(ref_store(refs), sweep_start, ragged)
+        # A single product masks a ragged K from the step's index where it masks: a start
+        # computed up front cost matmul's backward pass 2 cycles more on v5e (bench --chip).
+        start = f"{step} * {block_keyword(dim)}" if checked.product is not None else sweep_start
+        code = body_lowering.swept(ref_store(refs), start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
         running = code.running
@@ -210,10 +218,14 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         looped=None,
     )
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
-    needed = _vmem(kernel, fused, running)
-    vmem_needed = sum_code(
-        [(part.buffers * part.element_bytes, [extents[d] for d in part.dims]) for part in needed.parts]
-    )
+    if checked.product is not None:  # the product's accumulator and the result of one step's dot
+        needed = vmem(kernel, checked.blocks, checked.product)
+        vmem_needed = vmem_needed_code(kernel, checked.blocks, checked.product, extents, set(fused.batch))
+    else:
+        needed = _vmem(kernel, fused, running)
+        vmem_needed = sum_code(
+            [(part.buffers * part.element_bytes, [extents[d] for d in part.dims]) for part in needed.parts]
+        )
     return TpuPlan(
         function=launcher,
         kernel_function=kernel_function,
@@ -268,10 +280,13 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
     known chip, untuned, its tiles' rows and swept dimension grow (`rt.grown`) up to
     FUSED_BLOCK while a step stays within the elements and VMEM `rt.grown` allows. A kernel
     computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
-    while a strip of its step stays within them."""
+    while a strip of its step stays within them. A single product of two inputs does not
+    grow at call time: each chip has its default blocks (`chip_blocks`, its MXU's)."""
     if not tunable:
         return None
-    fused = checked.fused
+    if checked.product is not None:
+        return block_table(checked, tunable, sizes, layouts, lambda chip: chip_blocks(checked, tunable, chip).values())
+    fused = checked.frame
     grown = {fused.row, *([checked.sweep.dim] if checked.sweep else [])}
     # A kernel computed in strips grows up to a power of two within the dimension, so that its
     # strips and key runs tile the block (a ragged last block instead of an unaligned one).
@@ -291,7 +306,7 @@ def striped(checked: CheckedKernel) -> bool:
     """Whether a kernel computes each step in strips of rows (see the `rt.strips` helper):
     it skips blocks by a condition on the positions of its rows and swept dimension only,
     both blocked, and its last step reads no position."""
-    fused = checked.fused
+    fused = checked.frame
     if not checked.sweep or not checked.sweep.skip or fused.row not in checked.blocks:
         return False
     dims = {fused.row, checked.sweep.dim}
@@ -304,7 +319,7 @@ def striped(checked: CheckedKernel) -> bool:
 def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering, body, sizes) -> StripsPlan:
     """The strip function's parameters and call (views of the refs its body reads, the
     strip's first positions and extents), and the launcher's choice of strips."""
-    kernel, fused = checked.kernel, checked.fused
+    kernel, fused = checked.kernel, checked.frame
     row, dim = fused.row, checked.sweep.dim
 
     def view(name, axes):
@@ -370,7 +385,7 @@ def _index_names(grid, fused) -> dict[str, str]:
 def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=None) -> ArrayBlocks:
     """An array's blocks; with `live`, a block of the swept dimension that a step skips
     is block 0."""
-    fused = checked.fused
+    fused = checked.frame
     axes = []
     for dim in array_axes(decl, fused):
         if dim in fused.batch:
@@ -443,15 +458,23 @@ def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
 
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     """Flops of every product (2 per multiply-add), exp and other transcendentals once
-    per element of their value, and the bytes of the arrays."""
-    kernel, fused = checked.kernel, checked.fused
+    per element of their value, and the bytes of the arrays. A single product's epilogue
+    counts too: one flop per element of the output for each other operation in it."""
+    kernel, fused = checked.kernel, checked.frame
     flops, transcendentals = [], []
-    for node in ir.walk(*(s.value for s in kernel.body)):
+    nodes = list(ir.walk(*(s.value for s in kernel.body)))
+    for node in nodes:
         elements = [sizes[d] for d in (checked.types[node].dims if node in checked.types else ())]
         if isinstance(node, ir.Binary) and node.op == "@":
             flops.append((2, [*elements, sizes[fused.products[node].k]]))
         elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
             transcendentals.append((1, elements))
+    if checked.product is not None:
+        elements = [sizes[d] for d in checked.space.layout]
+        transcendental = len(transcendentals)
+        epilogue = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental - 1
+        flops.append((epilogue, elements))
+        transcendentals = [(transcendental, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
     outputs = sum_code([(DTYPES[out.dtype].bytes, [sizes[d] for d in out.dims]) for out in kernel.outputs])
     return (

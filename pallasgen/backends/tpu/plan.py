@@ -14,7 +14,6 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.analysis.product import Product
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
@@ -32,7 +31,6 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
     array_positions,
-    dot_code,
     grid_names,
     body_statements,
     kernel_statements,
@@ -257,8 +255,10 @@ def launcher_name(kernel: str) -> str:
 
 
 def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
+    """The plan of a kernel without a product: elementwise, or reductions stepped over a
+    blocked dimension. A kernel with products is planned as carried state (`fused`)."""
     checked = lowered.checked
-    kernel, dims, product = checked.kernel, checked.dims, checked.product
+    kernel, dims = checked.kernel, checked.dims
     values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
     namer = lowered.namer.fork()
     out_dims = checked.space.layout
@@ -268,7 +268,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     blocked = [d for d in dims if d in checked.blocks and d != stepped] + ([stepped] if stepped else [])
     squeezed = _squeezed(checked)
     tunable = tunable_dims(checked)
-    index_names = grid_names(blocked, product)
+    index_names = grid_names(blocked, None)
     block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
 
     def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
@@ -284,14 +284,13 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             GridAxis(d, index_names[d], "arbitrary" if d in accumulated else "parallel", d in squeezed) for d in blocked
         ),
         arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, product)))
+            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, None)))
             for decl in kernel.inputs + kernel.outputs
         ),
         looped=None,
     )
     block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
 
-    accumulator_name = lowered.accumulator
     spelling, held_starts = KernelSpelling(
         tuple(d for d in out_dims if d not in squeezed),
         sizes,
@@ -305,41 +304,16 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     scratch_refs = []
     if stepped:
         accumulator, scratch_refs, body = _stepped(lowered, namer, stepped, blocked, block_of, spelling)
-    if product is not None:
-        k_blocked = product.k in checked.blocks
-        step = namer.claim("step") if k_blocked else ""
-        product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
-        if k_blocked:
-            acc_ref = namer.claim(f"{accumulator_name}_ref")
-            scratch = (
-                f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
-            )
-            accumulator = AccumulatorPlan(
-                scratch=(
-                    (f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),
-                ),
-                step=step,
-                axis=len(blocked) - 1,
-                init_function="_zero",
-                init=(f"{acc_ref}[...] = jnp.zeros_like({acc_ref})",),
-                body=tuple(product_lines[:-1] + [f"{acc_ref}[...] += {product_lines[-1]}"]),
-                finish_function="_epilogue",
-            )
-            body = [f"{accumulator_name} = {acc_ref}[...]", *body]
-            scratch_refs = [acc_ref]
-        else:
-            body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
-
     if held_starts:
         accumulator = replace(accumulator, body=(*held_starts, *accumulator.body))
 
-    layouts = array_layouts(kernel, checked.space.layout, product)
+    layouts = array_layouts(kernel, checked.space.layout, None)
     kernel_keywords = read_keywords(
         [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)],
         [*body, *(accumulator.code() if accumulator else ())],
     )
     inputs = [values[d.name] for d in kernel.inputs]
-    vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
+    vmem_needed = vmem_needed_code(kernel, checked.blocks, None, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
     return TpuPlan(
         function=launcher_name(kernel.name),
@@ -384,14 +358,14 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=wrap(vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims), 4),
+        vmem_comment=wrap(vmem_comment(vmem(kernel, checked.blocks, None), checked.blocks, dims), 4),
         vmem_needed=vmem_needed,
         vmem_limit=f"rt.vmem_limit({vmem_needed})",
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
         tiling=tiling,
-        vmem=vmem(kernel, checked.blocks, product),
+        vmem=vmem(kernel, checked.blocks, None),
     )
 
 
@@ -476,50 +450,13 @@ def _tpu_return(lowered: LoweredKernel) -> str:
     )
 
 
-def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
-    """Load both operands, mask a ragged contracted edge, and the product expression (last)."""
-    lhs, rhs = (values[o.name] for o in product.operands)
-    dtype = tpu_dtype(product.lhs.dtype.name)  # both operands have it
-    packed = DTYPES[dtype].bits < 32
-    lines = [f"{lhs}, {rhs} = {refs[product.lhs.name]}[...], {refs[product.rhs.name]}[...]"]
-    if k_blocked:
-        k = sizes[product.k]
-        lines.append(
-            f"if {k} % {block_k}:  # a ragged {product.k}: zero both operands past its end, so padding never reaches the sum"
-        )
-        if packed:
-            lines.append(f"    # Selected in 32 bits: Mosaic cannot select {dtype} blocks of fewer than 5 rows.")
-        lhs_axis = 0 if product.lhs.transposed else 1
-        rhs_axis = 1 if product.rhs.transposed else 0
-        for value, axis in ((lhs, lhs_axis), (rhs, rhs_axis)):
-            inside = f"{step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {value}.shape, {axis}) < {k}"
-            if packed:
-                wide = "jnp.float32" if DTYPES[dtype].is_float else "jnp.int32"
-                lines.append(f"    {value} = jnp.where({inside}, {value}.astype({wide}), 0).astype({jnp_dtype(dtype)})")
-            else:
-                lines.append(f"    {value} = jnp.where({inside}, {value}, 0)")
-    dot = dot_code(product, lhs, rhs)
-    if product.rhs.transposed and not product.lhs.transposed:
-        # x @ y.T with a one-row y: Pallas lowers it as a vector product, which fails for all
-        # but f32, and an f32 result of one column fails to broadcast over its epilogue.
-        accumulate = jnp_dtype(product.accumulator.name)
-        lines.append(f"# Where {product.n} is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.")
-        vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
-        dot = f"({vector} if {rhs}.shape[0] == 1 else {dot})"
-    return [*lines, dot]
-
-
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
-    kernel, product = checked.kernel, checked.product
+    kernel = checked.kernel
     elements = [sizes[d] for d in checked.space.layout]
     nodes = list(ir.walk(*(s.value for s in kernel.body)))
     transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
-    elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
-    if product is not None:
-        flops = [(2, [*elements, sizes[product.k]]), (elementwise - 1, elements)]
-    else:
-        flops = [(elementwise, elements)]
+    flops = [(sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
     outputs = sum_code([(DTYPES[d.dtype].bytes, elements) for d in kernel.outputs])
     return (
@@ -570,9 +507,10 @@ def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "") ->
     return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}. {limit}"
 
 
-def _vmem_needed(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
+def vmem_needed_code(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
     """`vmem_bytes` as code: the call-time blocks (or sizes, for dimensions taken whole)
-    in place of the defaults; a squeezed batch dimension is one element."""
+    in place of the defaults; a squeezed batch dimension is one element. `product`: a
+    single product's, whose accumulator and one step's result count too."""
     terms = vmem_terms(kernel, blocks, product)
     return sum_code([(count, [block_of[d] for d in term_dims if d not in squeezed]) for count, term_dims in terms])
 
