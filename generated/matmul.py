@@ -104,8 +104,10 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
+        return acc + jax.lax.dot_general(
+            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
@@ -123,6 +125,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
@@ -130,7 +133,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # y: f32[K, N], swapped to [N, K]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -575,10 +578,10 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     def accumulate(step, acc):
         start = step * block_m
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        dz = rt.load(dz_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[:, pl.ds(start, block_m)], (in_k, in_m), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(start, block_m)], (in_n, in_m), other=0)
         return acc + jax.lax.dot_general(
-            x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            x, dz, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(
@@ -604,14 +607,16 @@ def _matmul_backward_y_gpu(
         (block_k, block_n, block_m, num_warps, num_stages),
         16,
     )
+    x = jnp.swapaxes(x, -1, -2)  # f32 wgmma reads K-major tiles only
+    dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: f32[M, K], read transposed
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
+            pl.BlockSpec((block_n, m), lambda i, j: (j, 0)),  # dz: f32[M, N], swapped to [N, M]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
@@ -820,8 +825,10 @@ def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
+        return product + jax.lax.dot_general(
+            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
 
     product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
@@ -848,6 +855,7 @@ def _matmul_relu_with_residuals_gpu(
         (block_m, block_n, block_k, num_warps, num_stages),
         16,
     )
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
@@ -855,7 +863,7 @@ def _matmul_relu_with_residuals_gpu(
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # y: f32[K, N], swapped to [N, K]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
@@ -1079,8 +1087,10 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
+        return acc + jax.lax.dot_general(
+            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, jax.nn.relu(acc), inside)
@@ -1098,6 +1108,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
@@ -1105,7 +1116,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: f32[K, N]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # y: f32[K, N], swapped to [N, K]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -3399,8 +3410,10 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         start = step * block_k
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
+        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
+        return acc + jax.lax.dot_general(
+            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+        )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
     rt.store(z_ref, acc, inside)
@@ -3421,6 +3434,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         (block_m, block_n, block_k, num_warps, num_stages),
         (16, 16, 32),
     )
+    y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no
@@ -3428,7 +3442,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: i8[K, N]
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # y: i8[K, N], swapped to [N, K]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),

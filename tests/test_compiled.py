@@ -295,6 +295,20 @@ def test_a_long_row_held_whole_gets_the_warps_that_keep_it_in_registers(kernel, 
         assert four.num_warps == 4 and compile_only.compile_triton(four).spill_stores > 8192
 
 
+@pytest.mark.parametrize("kernel, dtype", [("matmul", np.float32), ("matmul_int8", np.int8)])
+def test_a_32_or_8_bit_product_reads_its_right_operand_k_major(kernel, dtype):
+    """wgmma transposes 16-bit tiles only: y: [K, N] of f32 or i8 is swapped to [N, K] by the
+    launcher, and the kernel copies it in 16-byte pieces (cp.async.cg), with no 4-byte
+    copies (cp.async.ca) or byte-wise shared-memory stores (st.shared.b8) as the
+    transposing loads Triton made of it."""
+    function = getattr(generated_module("matmul"), kernel)
+    arguments = [jax.ShapeDtypeStruct((4096, 4096), dtype)] * 2
+    (ttir,) = compile_only.triton_ir(functools.partial(function, interpret=False), arguments)
+    ptx = compile_only.compile_triton(ttir).ptx
+    assert "wgmma.mma_async" in ptx and "cp.async.cg" in ptx
+    assert "cp.async.ca" not in ptx and "st.shared.b8" not in ptx
+
+
 @pytest.mark.parametrize(("module", "kernel", "size"), cases(MASKED_SIZES))
 def test_triton_accesses_are_masked_where_blocks_overhang(module, kernel, size):
     """Every block here overhangs its array in every dimension (odd sizes, or arrays

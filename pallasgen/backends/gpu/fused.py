@@ -188,6 +188,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         whole_blocks=tuple((block_keyword(d), sizes[d], d, dot_depth(checked, d)) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         row_warps=None,  # its tiles' products choose its warps
+        prologue=(),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), 84)),

@@ -9,6 +9,7 @@ masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class GpuPlan:
     whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, least block) of dimensions held whole
     options: tuple[tuple[str, str, int | None], ...]  # (public keyword, GPU function keyword, default)
     row_warps: str | None  # the values a program holds of whole rows, where they choose its warps
+    prologue: tuple[str, ...]  # the launcher's lines before its pallas_call (operands swapped K-major)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
     call_sizes: str  # the launcher's sizes, in the tuned entries' order
@@ -202,6 +204,18 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     settings = checked.settings["gpu"]
     kernel, product = checked.kernel, checked.product
+    swapped = k_major_swaps(product)
+    prologue = tuple(
+        f"{values[o.name]} = jnp.swapaxes({values[o.name]}, -1, -2)  # {o.dtype.name} wgmma reads K-major tiles only"
+        for o in (product.operands if swapped else ())
+        if o.name in swapped
+    )
+    for decl in kernel.inputs:
+        if decl.name in swapped:
+            stored, read = ", ".join(decl.dims), ", ".join((*decl.dims[:-2], decl.dims[-1], decl.dims[-2]))
+            comments[decl.name] = f"{decl.name}: {decl.dtype}[{stored}], swapped to [{read}]"
+    if swapped:
+        kernel, product = _with_operands_swapped(kernel, product, swapped)
     out_dims = checked.space.layout
     squeezed = _squeezed(checked)
     whole = whole_dims(checked)
@@ -252,7 +266,9 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
         axes_mask = mask(visible(decl))
-        return f"rt.store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
+        return (
+            f"rt.store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
+        )
 
     out_axes = visible(kernel.outputs[0])
     masks = [
@@ -310,6 +326,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             for name, (keyword, _) in OPTIONS.items()
         ),
         row_warps=row_warps,
+        prologue=prologue,
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
@@ -324,6 +341,38 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         body=comments_above(body),
         tiling=tiling,
     )
+
+
+def k_major_swaps(product: Product | None) -> frozenset[str]:
+    """The product operands that the Triton launcher swaps to K-major (their last two axes):
+    those of 32 or 8 bits that come with K the major axis (x.T's [K, M], y's [K, N]).
+    Hopper's wgmma transposes a shared-memory tile of 16-bit values only; Triton moves any
+    other through shared memory a byte or a word at a time, which left f32 products at 0.17x
+    and int8 at 0.27x of XLA on an H200 (benchmarks/RESULTS.md). The swap is one pass over
+    the operand in HBM, as Mosaic GPU's launchers make it."""
+    if product is None or product.lhs.name == product.rhs.name:
+        return frozenset()
+    major = [(product.lhs, product.lhs.transposed), (product.rhs, not product.rhs.transposed)]
+    return frozenset(o.name for o, k_major in major if k_major and o.dtype.bits != 16)
+
+
+def _with_operands_swapped(kernel: ir.Kernel, product: Product, swapped: frozenset[str]):
+    """The kernel and its product as the Triton kernel sees them once `swapped` operands
+    have their last two axes swapped: each such input declared so, read transposed the
+    other way."""
+
+    def swap(items):
+        return (*items[:-2], items[-1], items[-2])
+
+    inputs = tuple(
+        dataclasses.replace(d, dims=swap(d.dims), dim_positions=swap(d.dim_positions)) if d.name in swapped else d
+        for d in kernel.inputs
+    )
+    lhs, rhs = (
+        dataclasses.replace(o, transposed=not o.transposed, dims=swap(o.dims)) if o.name in swapped else o
+        for o in product.operands
+    )
+    return dataclasses.replace(kernel, inputs=inputs), dataclasses.replace(product, lhs=lhs, rhs=rhs)
 
 
 def launcher_parameters(checked: CheckedKernel, values, sizes, tunable) -> str:
