@@ -71,7 +71,7 @@ FEATURES = {
     ),
     "softmax": (
         "in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)\nblock M = 8",
-        {"softmax"},
+        {"softmax", "row_warps"},
         {"M": 10, "N": 37},
     ),
     "vector-sum-over-steps": (
