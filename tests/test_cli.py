@@ -485,18 +485,42 @@ def test_check_after_build_is_clean_for_several_specs(project):
 # --------------------------------------------------------------------------- reproducible output
 
 
-def test_builds_with_different_hash_seeds_and_working_directories_are_byte_identical(tmp_path):
-    """The repository's own specs, built from the project root and from a subfolder."""
-    project = tmp_path / "project"
+@pytest.fixture(scope="module")
+def bundled_build(tmp_path_factory):
+    """The repository's own specs (and tuning files) in a project of their own, built once
+    for the tests below by `pallasgen build` as its own process, with PYTHONHASHSEED=1, a
+    cache of its own, and jax and numpy made impossible to import: (project, result)."""
+    project = tmp_path_factory.mktemp("bundled") / "project"
     (project / "specs").mkdir(parents=True)
     (project / "tools").mkdir()
     write(project / "pyproject.toml", '[tool.pallasgen]\nspecs = "specs"\nout = "generated"\n')
-    specs = sorted((ROOT / "specs").glob("*.pallas"))
-    assert specs
-    for spec in specs:
-        (project / "specs" / spec.name).write_bytes(spec.read_bytes())
-    first = pallasgen_process("build", cwd=project, PYTHONHASHSEED="1", PALLASGEN_CACHE_DIR=str(tmp_path / "cache1"))
+    for spec in sorted((ROOT / "specs").iterdir()):
+        if spec.suffix in (".pallas", ".json"):
+            (project / "specs" / spec.name).write_bytes(spec.read_bytes())
+    code = (
+        "import sys\n"
+        "sys.modules['jax'] = None\n"
+        "sys.modules['numpy'] = None\n"
+        "from pallasgen.cli import main\n"
+        "main(['build'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        env={**os.environ, "PYTHONHASHSEED": "1", "PALLASGEN_CACHE_DIR": str(project.parent / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return project, result
+
+
+def test_builds_with_different_hash_seeds_and_working_directories_are_byte_identical(bundled_build, tmp_path):
+    """The repository's own specs, built from the project root (`bundled_build`) and from a subfolder."""
+    project, first = bundled_build
     assert first.returncode == 0, first.stderr
+    specs = sorted((project / "specs").glob("*.pallas"))
+    assert specs
     second = pallasgen_process(
         "build",
         "../specs",
@@ -620,22 +644,13 @@ def test_output_folder_that_cannot_be_a_folder_is_a_usage_error(project, configu
     assert snapshot(project) == before
 
 
-def test_build_and_check_never_import_jax(tmp_path):
-    """The build path runs where jax (and numpy) cannot even be imported."""
-    code = (
-        "import sys\n"
-        "sys.modules['jax'] = None\n"
-        "sys.modules['numpy'] = None\n"
-        "from pallasgen.cli import main\n"
-        "main(['build', '--no-cache', '--out', sys.argv[1]])\n"
-    )
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "out")], cwd=root, capture_output=True, text=True
-    )
+def test_build_and_check_never_import_jax(bundled_build):
+    """The build path runs where jax (and numpy) cannot even be imported: `bundled_build`
+    builds every bundled spec so."""
+    project, result = bundled_build
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        f"{p.stem}.py" for p in (root / "specs").glob("*.pallas")
+    assert sorted(p.name for p in (project / "generated").iterdir()) == sorted(
+        f"{p.stem}.py" for p in (ROOT / "specs").glob("*.pallas")
     )
 
 
