@@ -12,6 +12,8 @@ from pallasgen.workspace.pipeline import check_source
 from pallasgen.backends import plan_module
 from pallasgen.rendering.render import format_code, render_module, render_pieces
 
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
