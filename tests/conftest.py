@@ -1,7 +1,11 @@
 """Makes the shared test helpers (kernel_cases.py) importable in any pytest import mode,
 gives libtpu the environment it needs to start without a TPU (test_compiled.py) before
 anything imports jax, and marks the tests that drive a browser (`-m "not browser"`
-leaves them out: CI runs them on one of its two jax lines, see .ci/run)."""
+leaves them out: CI runs them on one of its two jax lines, see .ci/run).
+
+Test files that neither import nor run jax (the build path: spec checks, rendering,
+`pallasgen build`, `check` and `show`) say so with `pytestmark = pytest.mark.jax_free`:
+CI runs them on its first jax line only, as no jax version can change what they test."""
 
 import sys
 from pathlib import Path

@@ -5,8 +5,12 @@ kernel nothing."""
 
 from pathlib import Path
 
+import pytest
+
 from pallasgen.frontend import ir
 from pallasgen.workspace.pipeline import check_source
+
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

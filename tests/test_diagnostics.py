@@ -22,6 +22,8 @@ from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import decode, generate
 from pallasgen.frontend.transform import MAX_EXPRESSION_DEPTH
 
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 BAD_SPECS = sorted((TESTS / "bad_specs").glob("*.pallas"))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 
@@ -182,3 +184,31 @@ def test_every_package_folder_is_in_the_distribution():
         for init in PACKAGE.rglob("__init__.py")
     }
     assert not folders - listed
+
+
+# --------------------------------------------------------------------------- the suite's jax-free files
+
+TESTS = PACKAGE.parent / "tests"
+JAX_FREE_MARK = "pytestmark = pytest.mark.jax_free"
+# What imports jax: jax itself, NumPy's bfloat16 (ml_dtypes), the helpers that run
+# generated kernels, and the stages that run kernels or import generated modules.
+RUNS_JAX = ("jax", "jaxlib", "ml_dtypes", "kernel_cases", "pallasgen.devices", "pallasgen.runtime.support")
+
+
+def jax_free_test_files() -> list[Path]:
+    return [path for path in sorted(TESTS.glob("test_*.py")) if JAX_FREE_MARK in path.read_text(encoding="utf-8")]
+
+
+def test_the_build_path_tests_are_marked_jax_free():
+    """CI runs them on one jax line only (tests/conftest.py, .ci/run)."""
+    assert {path.stem for path in jax_free_test_files()} >= {"test_cli", "test_diagnostics", "test_golden", "test_render"}
+
+
+@pytest.mark.parametrize("path", jax_free_test_files(), ids=lambda path: path.stem)
+def test_a_jax_free_test_file_imports_nothing_that_runs_jax(path):
+    """Imports inside functions count, and so does a test file it imports from (which
+    must be marked too)."""
+    marked = {p.stem for p in jax_free_test_files()}
+    for name in imports(path):
+        assert not any(name == bad or name.startswith(bad + ".") for bad in RUNS_JAX), f"{path.name} imports {name}"
+        assert not name.startswith("test_") or name in marked, f"{path.name} imports the unmarked {name}"

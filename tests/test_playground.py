@@ -31,6 +31,8 @@ from pallasgen.playground.site import PAGE_FILES, SiteError, build_site
 from pallasgen.workspace.cache import cache_dir
 from pallasgen.workspace.tuning import tuning_path
 
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.pallas"))
 UNKNOWN_NAME_SPEC = """kernel add_vectors {
