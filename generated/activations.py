@@ -27,8 +27,8 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_tpu_blocks = rt.TpuBlocks(
     "leaky",
     sizes=("M", "N"),
@@ -41,8 +41,8 @@ _leaky_tpu_blocks = rt.TpuBlocks(
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) +
-    # let pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) + let pos 4.0 MiB.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -52,17 +52,11 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n),
         interpret=interpret,
         name="leaky",
     )(x)
@@ -80,10 +74,10 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -101,10 +95,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="leaky",
@@ -132,8 +123,8 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
 
 
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
-    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -151,9 +142,9 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
 
 
 def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
-    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
-    nothing else: the backward kernels recompute the values they need (pos) from them.
+    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels leaky_backward. The forward pass saves its inputs (x) and nothing else: the backward kernels
+    recompute the values they need (pos) from them.
     """
     (x,) = saved
     dy, _ = cotangents
@@ -204,8 +195,8 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_backward_tpu_blocks = rt.TpuBlocks(
     "leaky_backward",
     sizes=("M", "N"),
@@ -218,8 +209,8 @@ _leaky_backward_tpu_blocks = rt.TpuBlocks(
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let
-    # pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB. Blocks
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -231,12 +222,9 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n),
         interpret=interpret,
         name="leaky_backward",
     )(x, dy)
@@ -254,10 +242,10 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -294,22 +282,19 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, dy_ref, dx_ref)
 
 
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -354,34 +339,25 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     x = x_ref[...]
     bias = bias_ref[...]
     scale = scale_ref[...]
-    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-        jnp.bfloat16
-    )
+    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_tpu_blocks = rt.TpuBlocks(
     "bias_gelu",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (1024, 1024)},
-        "v5e": {(8192, 8192): (2048, 1024)},
-        "v6e": {(8192, 8192): (2048, 1024)},
-    },
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        8 * block_m * block_n + 8 * block_n + 8 * block_m,
-    ),
+    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 8 * block_m * block_n + 8 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # y 2.0 MiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB). Blocks
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _bias_gelu_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -398,9 +374,7 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
             vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n,
+            flops=3 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n
         ),
         interpret=interpret,
         name="bias_gelu",
@@ -416,17 +390,13 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     x = rt.load(x_ref, inside)
     bias = rt.load(bias_ref, (None, in_n))
     scale = rt.load(scale_ref, (in_m, None))
-    rt.store(
-        y_ref,
-        jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
-        inside,
-    )
+    rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -459,9 +429,7 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
-        y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-            jnp.bfloat16
-        )
+        y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(
         step,
@@ -471,15 +439,13 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(x_ref, bias_ref, scale_ref, y_ref)
 
 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
-    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -495,20 +461,15 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
 
 
 def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
-    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
-    nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels bias_gelu_backward, bias_gelu_backward_over_m, bias_gelu_backward_over_n. The forward pass saves its
+    inputs (x, bias, scale) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, bias, scale = saved
     dy = cotangents
     dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dbias = bias_gelu_backward_over_m(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dscale = bias_gelu_backward_over_n(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dbias = bias_gelu_backward_over_m(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dscale = bias_gelu_backward_over_n(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dbias, dscale
 
 
@@ -542,8 +503,8 @@ def bias_gelu(x, bias, scale):
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
-    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
+    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
+    bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
     bias = bias[None, :]
     scale = scale[:, None]
@@ -560,32 +521,28 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 8 * block_n + 8 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0
-    # MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
+    # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's
+    # default raise the limit.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -603,9 +560,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=24 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n,
+            flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward",
@@ -626,22 +581,19 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
-def _bias_gelu_backward_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
+def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
@@ -664,9 +616,7 @@ def _bias_gelu_backward_gpu(
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_mosaic_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n
-):
+def _bias_gelu_backward_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
@@ -678,8 +628,7 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         dx_smem[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
@@ -692,15 +641,13 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
 
 
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -753,16 +700,13 @@ def bias_gelu_backward(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx = (dy_1 * scale).astype(jnp.bfloat16)
     return dx
 
 
-def _bias_gelu_backward_over_m_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m
-):
+def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -777,8 +721,7 @@ def _bias_gelu_backward_over_m_kernel(
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -791,33 +734,27 @@ def _bias_gelu_backward_over_m_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_m",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 16 * block_n + 8 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 16 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n)
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2
-    # 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
+    # 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
-        # M accumulate in order (arbitrary).
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # x: bf16[M, N]
@@ -825,8 +762,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),  # scale: f32[M], broadcast over N
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # dy: bf16[M, N]
         ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
@@ -835,18 +771,14 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=23 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
+            flops=23 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_m",
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_over_m_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m
-):
+def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
@@ -864,8 +796,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -880,24 +811,21 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _bias_gelu_backward_over_m_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
+def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -914,18 +842,7 @@ def _bias_gelu_backward_over_m_gpu(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
-    x_ref,
-    bias_ref,
-    scale_ref,
-    dy_ref,
-    dbias_ref,
-    barrier,
-    bias_smem,
-    dbias_smem,
-    *,
-    block_m,
-    block_n,
-    m,
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
 ):
     program_n = jax.lax.axis_index("N")
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
@@ -941,14 +858,11 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         y_2 = y_1 * scale + rt.mgpu_spread(bias, (block_m, block_n), 1)
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -970,16 +884,14 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
-        functools.partial(
-            _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
+        functools.partial(_bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -1033,17 +945,14 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
     dbias = dbias.reshape((n,))
     return dbias
 
 
-def _bias_gelu_backward_over_n_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n
-):
+def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -1058,8 +967,7 @@ def _bias_gelu_backward_over_n_kernel(
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_n_block = dy_1 * y_1
     if n % block_n:  # a ragged N: its identity past the end, never padding
@@ -1072,33 +980,27 @@ def _bias_gelu_backward_over_n_kernel(
         dscale_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_n",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 8 * block_n + 16 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 16 * block_m),
 )
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n)
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let
-    # y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
+    # 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of N. Steps along M are independent (parallel); steps along
-        # N accumulate in order (arbitrary).
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
@@ -1106,8 +1008,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        # dscale: f32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
@@ -1116,18 +1017,14 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=24 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
+            flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_n",
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_over_n_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n
-):
+def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n):
     block_m, _ = dscale_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -1145,8 +1042,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end, never padding
@@ -1161,24 +1057,21 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     rt.store(dscale_ref, sum_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
-def _bias_gelu_backward_over_n_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
+def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1195,18 +1088,7 @@ def _bias_gelu_backward_over_n_gpu(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
-    x_ref,
-    bias_ref,
-    scale_ref,
-    dy_ref,
-    dscale_ref,
-    barrier,
-    scale_smem,
-    dscale_smem,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, barrier, scale_smem, dscale_smem, *, block_m, block_n, n
 ):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
@@ -1222,14 +1104,11 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         y_2 = y_1 * rt.mgpu_spread(scale, (block_m, block_n), 0) + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1251,16 +1130,14 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dscale,) = plgpu.kernel(
-        functools.partial(
-            _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -1314,8 +1191,7 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
     dscale = dscale.reshape((m,))
@@ -1330,17 +1206,13 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_tpu_blocks = rt.TpuBlocks(
     "quantize_rows",
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (1024, 1024)},
-        "v5e": {(8192, 8192): (2048, 1024)},
-        "v6e": {(8192, 8192): (2048, 1024)},
-    },
+    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
     step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
 )
 
@@ -1348,9 +1220,8 @@ _quantize_rows_tpu_blocks = rt.TpuBlocks(
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) +
-    # let scaled 4.0 MiB + let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
+    # let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1365,9 +1236,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "parallel"),
             vmem_limit_bytes=rt.vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n),
         interpret=interpret,
         name="quantize_rows",
     )(x, scale)
@@ -1386,10 +1255,10 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1436,8 +1305,8 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
 
 
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
-    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
@@ -1452,8 +1321,8 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
 
 
 def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
+    no float input reaches a float output.
     """
     return None, None
 
@@ -1484,8 +1353,8 @@ def quantize_rows(x, scale):
     Returns:
       q: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     scale = scale[:, None]
     scaled = x / scale

@@ -26,8 +26,8 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_tpu_blocks = rt.TpuBlocks(
     "add_vectors",
     sizes=("N",),
@@ -40,8 +40,8 @@ _add_vectors_tpu_blocks = rt.TpuBlocks(
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks
-    # that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -55,9 +55,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n),
         interpret=interpret,
         name="add_vectors",
     )(x, y)
@@ -73,18 +71,16 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.triton_options(
-        _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
-    )
+    block_n, num_warps, num_stages = rt.triton_options(_add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages))
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
@@ -118,8 +114,8 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
@@ -134,9 +130,9 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
 
 
 def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
-    y) and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels add_vectors_backward. The forward pass saves its inputs (x, y) and nothing else: the backward
+    kernels recompute the values they need from them.
     """
     dz = cotangents
     dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
@@ -168,8 +164,7 @@ def add_vectors(x, y):
     Returns:
       z: f32[N].
 
-    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
-    (_add_vectors_vjp).
+    Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
     """
     z = x + y
     return z
@@ -181,8 +176,8 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
     "add_vectors_backward",
     sizes=("N",),
@@ -195,8 +190,8 @@ _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_backward_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -206,16 +201,11 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n),
         interpret=interpret,
         name="add_vectors_backward",
     )(dz)
@@ -231,10 +221,10 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -252,10 +242,7 @@ def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpre
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="add_vectors_backward",
@@ -279,17 +266,14 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_n,))
     dx, dy = plgpu.kernel(
         functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
         grid=(pl.cdiv(padded_n, block_n),),
         grid_names=("N",),
         interpret=interpret,

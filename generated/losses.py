@@ -36,9 +36,7 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == 0)
     def _init():
-        logsumexp_over_v_max_ref[...] = jnp.full(
-            logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32
-        )
+        logsumexp_over_v_max_ref[...] = jnp.full(logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32)
         logsumexp_over_v_sum_ref[...] = jnp.full(logsumexp_over_v_sum_ref.shape, 0.0, jnp.float32)
         sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
 
@@ -47,16 +45,12 @@ def _cross_entropy_with_residuals_kernel(
     z = logits.astype(jnp.float32)
     logsumexp_over_v_block = z
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_over_v_block = rt.fill_past(
-            logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf
-        )
+        logsumexp_over_v_block = rt.fill_past(logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf)
     logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
         logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
     )
     sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
-        z,
-        0,
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
         sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
@@ -64,43 +58,34 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_over_v = rt.logsumexp_finish(
-            logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...]
-        )
+        logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
         sum_v = sum_v_running_ref[...]
         logsumexp_v = logsumexp_over_v
         logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_with_residuals",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={
-        None: {"default": (16, 2048)},
-        "v5e": {(4096, 32768): (128, 16384)},
-        "v6e": {(4096, 32768): (128, 16384)},
-    },
+    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (128, 16384)}, "v6e": {(4096, 32768): (128, 16384)}},
     step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
 )
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v)
-    )
-    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B
-    # + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
-    # block 128.0 KiB + let z 128.0 KiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v))
+    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
+    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB. Blocks
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
-        # V accumulate in order (arbitrary).
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
@@ -108,8 +93,7 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         ],
         out_specs=(
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -120,26 +104,21 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
             pltpu.VMEM((block_m, 1), jnp.float32),
             # logsumexp_over_v_sum_ref: the running logsumexp over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_running_ref: the running sum over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
-            transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + 8 * m * v,
+            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 8 * m * v
         ),
         interpret=interpret,
         name="cross_entropy_with_residuals",
     )(logits, label)
 
 
-def _cross_entropy_with_residuals_gpu_kernel(
-    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v
-):
+def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -158,9 +137,7 @@ def _cross_entropy_with_residuals_gpu_kernel(
         logsumexp_over_v_max, logsumexp_over_v_sum = rt.logsumexp_step(
             logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
         )
-        sum_v_block = jnp.where(
-            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-        )
+        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
@@ -183,24 +160,21 @@ def _cross_entropy_with_residuals_gpu_kernel(
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
-def _cross_entropy_with_residuals_gpu(
-    logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
-):
+def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
@@ -246,23 +220,16 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
             logsumexp_over_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v,
-                logsumexp_over_v_block,
-                -jnp.inf,
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_over_v_block, -jnp.inf
             )
         logsumexp_over_v_running, logsumexp_over_v_index = rt.mgpu_logsumexp_step(
             logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1)
-            == rt.mgpu_spread(label, (block_m, block_v), 0),
-            z,
-            0,
+            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
-            )
+            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
 
@@ -290,20 +257,14 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
-        functools.partial(
-            _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
+        functools.partial(_cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32), jax.ShapeDtypeStruct((padded_m,), jnp.float32)),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.int32),
@@ -319,10 +280,7 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
 
 @rt.kernel(
     inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
-    outputs={
-        "loss": (jnp.float32, ("M",), ("M", 1)),
-        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
-    },
+    outputs={"loss": (jnp.float32, ("M",), ("M", 1)), "logsumexp_v": (jnp.float32, ("M",), ("M", 1))},
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_with_residuals_tpu,
     triton=_cross_entropy_with_residuals_gpu,
@@ -362,15 +320,7 @@ def cross_entropy_with_residuals(logits, label):
 
 
 def _cross_entropy_kernel(
-    logits_ref,
-    label_ref,
-    loss_ref,
-    logsumexp_v_max_ref,
-    logsumexp_v_sum_ref,
-    sum_v_running_ref,
-    *,
-    v,
-    block_v,
+    logits_ref, label_ref, loss_ref, logsumexp_v_max_ref, logsumexp_v_sum_ref, sum_v_running_ref, *, v, block_v
 ):
     step = pl.program_id(1)
 
@@ -390,9 +340,7 @@ def _cross_entropy_kernel(
         logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
     )
     sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
-        z,
-        0,
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
         sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
@@ -405,8 +353,8 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_tpu_blocks = rt.TpuBlocks(
     "cross_entropy",
     sizes=("M", "V"),
@@ -419,13 +367,13 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
-    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B)
-    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let
-    # z 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's
+    # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB. Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
-        # V accumulate in order (arbitrary).
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
@@ -434,21 +382,16 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         scratch_shapes=[
-            # logsumexp_v_max_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # logsumexp_v_sum_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_running_ref: the running sum over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
+            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_max_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_sum_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
-            transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + 4 * m * v,
+            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 4 * m * v
         ),
         interpret=interpret,
         name="cross_entropy",
@@ -471,12 +414,8 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
             logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
-        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(
-            logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1
-        )
-        sum_v_block = jnp.where(
-            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-        )
+        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1)
+        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
@@ -497,10 +436,10 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -511,8 +450,7 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
     )
     return pl.pallas_call(
         functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
@@ -547,15 +485,10 @@ def _cross_entropy_mosaic_gpu_kernel(
             logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
         )
         sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1)
-            == rt.mgpu_spread(label, (block_m, block_v), 0),
-            z,
-            0,
+            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
-            )
+            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
 
@@ -578,12 +511,11 @@ def _cross_entropy_mosaic_gpu_kernel(
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
@@ -600,17 +532,14 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
 
 
 def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
-    (logits, label) and the residuals logsumexp_v (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (z) from
-    them. Integer and bool inputs (label) get None: float0 cotangents.
+    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels cross_entropy_backward. The forward pass saves its inputs (logits, label) and the residuals
+    logsumexp_v (forward values that cost more to recompute than to save): the backward kernels recompute the
+    values they need (z) from them. Integer and bool inputs (label) get None: float0 cotangents.
     """
     logits, label, logsumexp_v = saved
     dloss = cotangents
-    dlogits = cross_entropy_backward(
-        logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret)
     return dlogits, None
 
 
@@ -642,8 +571,7 @@ def cross_entropy(logits, label):
     Returns:
       loss: f32[M].
 
-    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
-    (_cross_entropy_vjp).
+    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
     m = logits.shape[0]
     v = logits.shape[1]
@@ -659,44 +587,34 @@ def cross_entropy(logits, label):
     return loss
 
 
-def _cross_entropy_backward_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v
-):
+def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v):
     logits = logits_ref[...]
     label = label_ref[...]
     logsumexp_v = logsumexp_v_ref[...]
     dloss = dloss_ref[...]
     z = logits.astype(jnp.float32)
-    loss_1 = (
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
-    )
+    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_backward",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={
-        None: {"default": (16, 2048)},
-        "v5e": {(4096, 32768): (64, 16384)},
-        "v6e": {(4096, 32768): (64, 16384)},
-    },
+    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (64, 16384)}, "v6e": {(4096, 32768): (64, 16384)}},
     step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
 )
 
 
-def _cross_entropy_backward_tpu(
-    logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
-):
+def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
     """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
-    # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB +
-    # let dz 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
+    # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB. Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is parallel.
@@ -704,8 +622,7 @@ def _cross_entropy_backward_tpu(
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
@@ -724,9 +641,7 @@ def _cross_entropy_backward_tpu(
     )(logits, label, logsumexp_v, dloss)
 
 
-def _cross_entropy_backward_gpu_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v
-):
+def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v):
     block_m, block_v = dlogits_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -737,17 +652,15 @@ def _cross_entropy_backward_gpu_kernel(
     logsumexp_v = rt.load(logsumexp_v_ref, (in_m, None))
     dloss = rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
-    loss_1 = (
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
-    )
+    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -765,9 +678,7 @@ def _cross_entropy_backward_gpu(
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            pl.BlockSpec(
-                (block_m, 1), lambda i, j: (i, 0)
-            ),  # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
@@ -802,25 +713,20 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % 8, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))
     dloss = rt.mgpu_pad(dloss.reshape((m,)), (padded_m,))
     (dlogits,) = plgpu.kernel(
-        functools.partial(
-            _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_v), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_v, block_v)),
         grid_names=("M", "V"),

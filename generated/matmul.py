@@ -39,8 +39,8 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_tpu_blocks = rt.TpuBlocks(
     "matmul",
     sizes=("M", "N", "K"),
@@ -55,16 +55,13 @@ _matmul_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
+    # f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -72,13 +69,10 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_ref: the f32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -106,10 +100,10 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -120,8 +114,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -135,9 +128,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -158,49 +149,30 @@ def _matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
+    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
+        functools.partial(_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -209,10 +181,9 @@ def _matmul_mosaic_gpu(
 
 
 def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
-    its inputs (x, y) and nothing else: the backward kernels recompute the values they need
-    from them.
+    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels matmul_backward_x, matmul_backward_y. The forward pass saves its inputs (x, y) and nothing else: the
+    backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -247,8 +218,7 @@ def matmul(x, y):
     Returns:
       z: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
-    matmul_backward_y (_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
     z = acc
@@ -270,9 +240,7 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
     acc_ref[...] += (
         jnp.sum(dz.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
         if y.shape[0] == 1
-        else jax.lax.dot_general(
-            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        else jax.lax.dot_general(dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -281,8 +249,8 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_x",
     sizes=("M", "K", "N"),
@@ -293,31 +261,24 @@ _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_k, block_n = rt.tpu_blocks(_matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
+    # + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: f32[M, N]
-            # y: f32[K, N], read transposed
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_ref: the f32 sum over N of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_ref: the f32 sum over N of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 4 * m * k
@@ -339,37 +300,27 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
         dz = rt.load(dz_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
     rt.store(dx_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_backward_x_gpu(
-    dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
+def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
@@ -406,48 +357,31 @@ def _matmul_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_backward_x_mosaic_gpu(
-    dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
+    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
-    rt.mgpu_check_choices(
-        "matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_x_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-            stages=stages,
+            _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -497,9 +431,7 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
     if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
         x = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x, 0)
         dz = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, dz.shape, 0) < m, dz, 0)
-    acc_ref[...] += jax.lax.dot_general(
-        x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-    )
+    acc_ref[...] += jax.lax.dot_general(x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _epilogue():
@@ -507,8 +439,8 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
         dy_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_y",
     sizes=("K", "N", "M"),
@@ -519,31 +451,24 @@ _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_k, block_n, block_m = rt.tpu_blocks(_matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m))
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K], read transposed
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dz: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_ref: the f32 sum over M of one output tile
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_ref: the f32 sum over M of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + 4 * k * n
@@ -565,37 +490,27 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
         dz = rt.load(dz_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32))
     rt.store(dy_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_backward_y_gpu(
-    x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
+def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: f32[M, K], read transposed
@@ -632,50 +547,33 @@ def _matmul_backward_y_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_backward_y_mosaic_gpu(
-    x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
-):
-    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret):
+    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
-    rt.mgpu_check_choices(
-        "matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, dz = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_y_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-            stages=stages,
+            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -735,8 +633,8 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_with_residuals",
     sizes=("M", "N", "K"),
@@ -754,13 +652,12 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc
-    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
+    # accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -770,22 +667,15 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         # product_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 8 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 8 * m * n
         ),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -806,35 +696,27 @@ def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n
         y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(
-        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
-    )
+    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_relu_with_residuals_gpu(
-    x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
+def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_with_residuals_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_relu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -844,10 +726,7 @@ def _matmul_relu_with_residuals_gpu(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -859,8 +738,7 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    # the accumulator in registers, for this block's K steps and epilogue
-    def accumulate(product_ref):
+    def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem.T)
             plgpu.wgmma_wait(0)
@@ -881,41 +759,28 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
-        (
-            acc_smem,
-            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
+        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
+        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_with_residuals_mosaic_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, stages),
+        _matmul_relu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_relu_with_residuals",
-        "M N K",
-        (block_m, block_n, block_k, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -995,8 +860,8 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_tpu_blocks = rt.TpuBlocks(
     "matmul_relu",
     sizes=("M", "N", "K"),
@@ -1011,16 +876,13 @@ _matmul_relu_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) +
-    # f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) + f32 accumulator 512.0
+    # KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -1028,18 +890,13 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_ref: the f32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 4 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul_relu",
@@ -1064,10 +921,10 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -1078,8 +935,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -1093,9 +949,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1116,49 +970,32 @@ def _matmul_relu_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_relu_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
+    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -1167,10 +1004,10 @@ def _matmul_relu_mosaic_gpu(
 
 
 def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward
-    pass saves its inputs (x, y) and the residuals acc (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
+    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the
+    residuals acc (forward values that cost more to recompute than to save): the backward kernels recompute the
+    values they need from them.
     """
     x, y, acc = saved
     dz = cotangents
@@ -1207,8 +1044,8 @@ def matmul_relu(x, y):
     Returns:
       z: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
-    matmul_relu_backward_y (_matmul_relu_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
+    (_matmul_relu_vjp).
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
     z = jax.nn.relu(acc)
@@ -1242,8 +1079,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
         dx_ref[...] = acc_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_x",
     sizes=("M", "K", "N"),
@@ -1262,13 +1099,12 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB +
-    # dx 512.0 KiB) + acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) +
+    # acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
@@ -1277,13 +1113,10 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + 4 * m * k
@@ -1317,33 +1150,26 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _matmul_relu_backward_x_gpu(
-    acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
+def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_relu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over
-        # the blocks of N itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
@@ -1358,9 +1184,7 @@ def _matmul_relu_backward_x_gpu(
     )(acc, dz, y)
 
 
-def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
-    acc_ref, dz_ref, lhs_ref, *, block_m, block_n
-):
+def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
@@ -1372,22 +1196,19 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, lhs_ref)
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -1419,38 +1240,26 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _matmul_relu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_relu_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -1463,10 +1272,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -1475,8 +1281,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
+    turn, the arrays between them in global memory."""
     lhs = _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_relu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -1484,11 +1290,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-        "y": (jnp.float32, ("K", "N")),
-    },
+    inputs={"acc": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("K", "N"))},
     outputs={"dx": (jnp.float32, ("M", "K"))},
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
@@ -1521,13 +1323,7 @@ def matmul_relu_backward_x(acc, dz, y):
     y = y[None, :, :]
     dacc = jnp.where(acc > 0, dz, 0)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
     )
     dx = dx.reshape((m, k))
     return dx
@@ -1560,8 +1356,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
         dy_ref[...] = acc_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_y",
     sizes=("K", "N", "M"),
@@ -1580,13 +1376,12 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB
-    # + dy 1.0 MiB) + acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) +
+    # acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # acc: f32[M, N]
@@ -1595,13 +1390,10 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + 4 * k * n
@@ -1635,33 +1427,26 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
         )
         return (acc_m,)
 
-    (acc_m,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
-    )
+    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _matmul_relu_backward_y_gpu(
-    acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
+def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_relu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over
-        # the blocks of M itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
@@ -1676,9 +1461,7 @@ def _matmul_relu_backward_y_gpu(
     )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
-    acc_ref, dz_ref, rhs_ref, *, block_m, block_n
-):
+def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
@@ -1690,22 +1473,19 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, rhs_ref)
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -1737,38 +1517,26 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _matmul_relu_backward_y_stage_2_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_relu_backward_y_stage_2",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -1783,10 +1551,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -1795,8 +1560,8 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
+    turn, the arrays between them in global memory."""
     rhs = _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_relu_backward_y_stage_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
@@ -1804,11 +1569,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-        "x": (jnp.float32, ("M", "K")),
-    },
+    inputs={"acc": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N")), "x": (jnp.float32, ("M", "K"))},
     outputs={"dy": (jnp.float32, ("K", "N"))},
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
@@ -1841,21 +1602,13 @@ def matmul_relu_backward_y(acc, dz, x):
     x = jnp.transpose(x, (1, 0))[:, None, :]
     dacc = jnp.where(acc > 0, dz, 0)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
     )
     dy = dy.reshape((k, n))
     return dy
 
 
-def _matmul_bias_gelu_with_residuals_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, product_ref, *, k, block_k
-):
+def _matmul_bias_gelu_with_residuals_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, product_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1866,14 +1619,10 @@ def _matmul_bias_gelu_with_residuals_kernel(
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     product_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -1886,8 +1635,8 @@ def _matmul_bias_gelu_with_residuals_kernel(
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_with_residuals",
     sizes=("M", "N", "K"),
@@ -1900,20 +1649,18 @@ _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_with_residuals_tpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret
-):
+def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
-    # 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need
-    # more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
@@ -1924,10 +1671,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         # product_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
@@ -1937,18 +1681,14 @@ def _matmul_bias_gelu_with_residuals_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_with_residuals_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k
-):
+def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -1962,19 +1702,17 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
         y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(
-        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
-    )
+    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     bias = rt.load(bias_ref, (None, in_n))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -1983,17 +1721,11 @@ def _matmul_bias_gelu_with_residuals_gpu(
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_with_residuals_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k
-        ),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        functools.partial(_matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -2004,10 +1736,7 @@ def _matmul_bias_gelu_with_residuals_gpu(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
@@ -2015,25 +1744,11 @@ def _matmul_bias_gelu_with_residuals_gpu(
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    acc_ref,
-    out_smem,
-    acc_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    # the accumulator in registers, for this block's K steps and epilogue
-    def accumulate(product_ref):
+    def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem)
             plgpu.wgmma_wait(0)
@@ -2056,41 +1771,28 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
-        (
-            acc_smem,
-            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
+        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
+        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, stages),
+        _matmul_bias_gelu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_with_residuals",
-        "M N K",
-        (block_m, block_n, block_k, stages),
-        (64,),
-        smem_bytes,
+        "matmul_bias_gelu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -2121,11 +1823,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "y": (jnp.bfloat16, ("K", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "y": (jnp.bfloat16, ("K", "N")), "bias": (jnp.float32, ("N",), (1, "N"))},
     outputs={"z": (jnp.bfloat16, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_with_residuals_tpu,
@@ -2169,14 +1867,10 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -2187,8 +1881,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu",
     sizes=("M", "N", "K"),
@@ -2207,16 +1901,13 @@ _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
@@ -2225,8 +1916,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_ref: the f32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -2234,9 +1924,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu",
@@ -2262,27 +1950,21 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, bloc
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _matmul_bias_gelu_gpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
+def _matmul_bias_gelu_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -2298,18 +1980,7 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -2333,43 +2004,31 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices(
-        "matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -2385,27 +2044,20 @@ def _matmul_bias_gelu_mosaic_gpu(
 
 
 def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels matmul_bias_gelu_backward_x,
-    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
-    residuals acc (forward values that cost more to recompute than to save): the backward
+    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels matmul_bias_gelu_backward_x, matmul_bias_gelu_backward_y. The forward pass saves its inputs
+    (x, y, bias) and the residuals acc (forward values that cost more to recompute than to save): the backward
     kernels recompute the values they need from them.
     """
     x, y, bias, acc = saved
     dz = cotangents
     dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy, dbias = matmul_bias_gelu_backward_y(
-        acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dy, dbias = matmul_bias_gelu_backward_y(acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy, dbias
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "y": (jnp.bfloat16, ("K", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "y": (jnp.bfloat16, ("K", "N")), "bias": (jnp.float32, ("N",), (1, "N"))},
     outputs={"z": (jnp.bfloat16, ("M", "N"))},
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
@@ -2442,9 +2094,7 @@ def matmul_bias_gelu(x, y, bias):
     return z
 
 
-def _matmul_bias_gelu_backward_x_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n
-):
+def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
@@ -2459,8 +2109,7 @@ def _matmul_bias_gelu_backward_x_kernel(
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     acc_n_lhs = dacc
@@ -2478,8 +2127,8 @@ def _matmul_bias_gelu_backward_x_kernel(
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_x",
     sizes=("M", "K", "N"),
@@ -2497,20 +2146,17 @@ _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_backward_x_tpu(
-    acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret
-):
+def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
-    # y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
+    # MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
@@ -2520,8 +2166,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -2529,18 +2174,14 @@ def _matmul_bias_gelu_backward_x_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k,
+            flops=2 * m * k * n, transcendentals=m * n, bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
     )(acc, bias, dz, y)
 
 
-def _matmul_bias_gelu_backward_x_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n
-):
+def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -2557,8 +2198,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_n_lhs = dacc
@@ -2571,16 +2211,14 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2589,15 +2227,12 @@ def _matmul_bias_gelu_backward_x_gpu(
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over
-        # the blocks of N itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
@@ -2613,9 +2248,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     )(acc, bias, dz, y)
 
 
-def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
-):
+def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
@@ -2625,8 +2258,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         lhs_smem[...] = dacc
@@ -2639,24 +2271,19 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -2688,39 +2315,26 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "matmul_bias_gelu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -2733,10 +2347,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -2745,11 +2356,9 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
-    lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
+    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages
+    in turn, the arrays between them in global memory."""
+    lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((m, k))
@@ -2797,18 +2406,11 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
     ).astype(jnp.bfloat16)
     dx = dx.reshape((m, k))
     return dx
@@ -2832,8 +2434,7 @@ def _matmul_bias_gelu_backward_y_kernel(
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     acc_m_lhs = x
@@ -2857,8 +2458,8 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_y",
     sizes=("K", "N", "M"),
@@ -2876,20 +2477,18 @@ _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_backward_y_tpu(
-    acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret
-):
+def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
-    # x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that
-    # need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
+    # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of K, block of M. Steps along N are independent (parallel);
-        # steps along K, M accumulate in order (arbitrary).
+        # One step per block of N, block of K, block of M. Steps along N are independent (parallel); steps along K, M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # acc: f32[M, N]
@@ -2912,25 +2511,18 @@ def _matmul_bias_gelu_backward_y_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
-                12 * block_m * block_n
-                + 20 * block_n
-                + 4 * block_m * block_k
-                + 8 * block_k * block_n
+                12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m,
-            transcendentals=n * m,
-            bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n,
+            flops=2 * k * n * m, transcendentals=n * m, bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
     )(acc, bias, dz, x)
 
 
-def _matmul_bias_gelu_backward_y_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m
-):
+def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
@@ -2947,8 +2539,7 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_m_lhs = x
@@ -2975,10 +2566,10 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2987,15 +2578,12 @@ def _matmul_bias_gelu_backward_y_gpu(
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over
-        # the blocks of M itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
@@ -3032,14 +2620,11 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         z_1 = acc + rt.mgpu_spread(bias, (block_m, block_n), 1)
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -3060,19 +2645,15 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            m=m,
+            _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[
@@ -3087,9 +2668,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     return dbias[:n].reshape((1, n))
 
 
-def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
-):
+def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
@@ -3099,8 +2678,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         rhs_smem[...] = dacc
@@ -3113,24 +2691,19 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -3162,39 +2735,26 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
+    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_backward_y_stage_3",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (64,),
-        smem_bytes,
+        "matmul_bias_gelu_backward_y_stage_3", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -3208,10 +2768,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -3220,14 +2777,10 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
-    dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
-    rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
+    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages
+    in turn, the arrays between them in global memory."""
+    dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((k, n)), dbias.reshape((1, n))
@@ -3275,18 +2828,11 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
     ).astype(jnp.bfloat16)
     dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
     dy = dy.reshape((k, n))
@@ -3305,14 +2851,10 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select i8 blocks of fewer than 5 rows.
         x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.int32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x.astype(jnp.int32), 0
         ).astype(jnp.int8)
         y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.int32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y.astype(jnp.int32), 0
         ).astype(jnp.int8)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.int32)
 
@@ -3322,8 +2864,8 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_int8_tpu_blocks = rt.TpuBlocks(
     "matmul_int8",
     sizes=("M", "N", "K"),
@@ -3334,16 +2876,13 @@ _matmul_int8_tpu_blocks = rt.TpuBlocks(
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32
-    # accumulator 2.0 MiB + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
+    # + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: i8[M, K]
@@ -3351,13 +2890,10 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        # acc_ref: the i32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],  # acc_ref: the i32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -3385,25 +2921,21 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_int8_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        (16, 16, 32),
+        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), (16, 16, 32)
     )
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
@@ -3417,9 +2949,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_int8_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3440,43 +2970,29 @@ def _matmul_int8_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
-def _matmul_int8_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
+    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_int8_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.int32), plgpu.Barrier(num_barriers=1)],
@@ -3488,8 +3004,8 @@ def _matmul_int8_mosaic_gpu(
 
 
 def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
@@ -3520,8 +3036,8 @@ def matmul_int8(x, y):
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
     z = acc
@@ -3539,14 +3055,10 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         y = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
-            y.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -3556,8 +3068,8 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _batched_matmul_tpu_blocks = rt.TpuBlocks(
     "batched_matmul",
     sizes=("B", "M", "N", "K"),
@@ -3572,38 +3084,27 @@ _batched_matmul_tpu_blocks = rt.TpuBlocks(
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
     """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
+    # f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
-        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are
-        # independent (parallel); steps along K accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are independent (parallel);
+        # steps along K accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, k)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, k)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, k, j)),  # y: bf16[B, K, N]
         ],
-        # z: f32[B, M, N]
-        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),  # z: f32[B, M, N]
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_ref: the f32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * n * k,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n,
+            flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n
         ),
         interpret=interpret,
         name="batched_matmul",
@@ -3628,34 +3129,28 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _batched_matmul_gpu(
-    x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
+def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_gpu_options,
-        (m, n, k, b),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _batched_matmul_gpu_options, (m, n, k, b), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per element of B, block of M, block of N; each loops over K itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of M, block of N; each loops over K itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
             pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),  # y: bf16[B, K, N]
         ],
-        # z: f32[B, M, N]
-        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),  # z: f32[B, M, N]
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3663,12 +3158,8 @@ def _batched_matmul_gpu(
     )(x, y)
 
 
-def _batched_matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -3689,49 +3180,32 @@ def _batched_matmul_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[
-                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
-            ],
-        )
+        (out_smem, z_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _batched_matmul_mosaic_gpu(
-    x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
+    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
-            _batched_matmul_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_n // block_n),
         grid_names=("B", "M", "N"),
         interpret=interpret,
@@ -3740,10 +3214,9 @@ def _batched_matmul_mosaic_gpu(
 
 
 def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The
-    forward pass saves its inputs (x, y) and nothing else: the backward kernels recompute
-    the values they need from them.
+    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs (x,
+    y) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -3778,8 +3251,8 @@ def batched_matmul(x, y):
     Returns:
       z: f32[B, M, N].
 
-    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
-    batched_matmul_backward_y (_batched_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
+    (_batched_matmul_vjp).
     """
     acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
     z = acc
@@ -3812,8 +3285,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_x",
     sizes=("B", "M", "K", "N"),
@@ -3832,34 +3305,26 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
     block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) +
-    # acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
-        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are
-        # independent (parallel); steps along N accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are independent (parallel);
+        # steps along N accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),  # y: bf16[B, K, N]
         ],
-        # dx: bf16[B, M, K]
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * k * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k,
+            flops=2 * b * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
@@ -3889,40 +3354,32 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _batched_matmul_backward_x_gpu(
-    dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
+def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_x_gpu_options,
-        (m, k, n, b),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _batched_matmul_backward_x_gpu_options, (m, k, n, b), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per element of B, block of M, block of K; programs run concurrently.
-        # Each loops over the blocks of N itself, carrying running values.
+        # One program per element of B, block of M, block of K; programs run concurrently. Each loops over the
+        # blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),  # dz: f32[B, M, N]
             pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),  # y: bf16[B, K, N]
         ],
-        # dx: bf16[B, M, K]
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3931,9 +3388,7 @@ def _batched_matmul_backward_x_gpu(
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, lhs_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -3944,23 +3399,18 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "M", "N"),
@@ -3972,9 +3422,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_b, program_m, program_k = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -3995,40 +3443,27 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[
-                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
-            ],
-        )
+        (out_smem, dx_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
-        (b, m, k, n),
-        (block_m, block_k, block_n, stages),
+        _batched_matmul_backward_x_stage_2_mosaic_gpu_options, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "batched_matmul_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "batched_matmul_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
@@ -4041,10 +3476,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_k // block_k),
         grid_names=("B", "M", "K"),
         interpret=interpret,
@@ -4053,13 +3485,11 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
+    turn, the arrays between them in global memory."""
     lhs = _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((b, m, n))
-    dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(
-        y, lhs, b=b, m=m, k=k, n=n, interpret=interpret
-    )
+    dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((b, m, k))
 
 
@@ -4096,12 +3526,7 @@ def batched_matmul_backward_x(dz, y):
     y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "bmn,bkn->bmk",
-            jnp.squeeze(dacc, (2,)),
-            jnp.squeeze(y, (1,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bmn,bkn->bmk", jnp.squeeze(dacc, (2,)), jnp.squeeze(y, (1,)), preferred_element_type=jnp.float32),
         (3,),
     ).astype(jnp.bfloat16)
     dx = dx.reshape((b, m, k))
@@ -4134,8 +3559,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_y",
     sizes=("B", "K", "N", "M"),
@@ -4154,34 +3579,26 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
     block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) +
-    # acc_m_ref 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + acc_m_ref 4.0 MiB.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
-        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are
-        # independent (parallel); steps along M accumulate in order (arbitrary).
+        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are independent (parallel);
+        # steps along M accumulate in order (arbitrary).
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),  # x: bf16[B, M, K]
         ],
-        # dy: bf16[B, K, N]
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * k * n * m,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n,
+            flops=2 * b * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
@@ -4211,40 +3628,32 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
         )
         return (acc_m,)
 
-    (acc_m,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
-    )
+    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _batched_matmul_backward_y_gpu(
-    dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
+def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_y_gpu_options,
-        (k, n, m, b),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _batched_matmul_backward_y_gpu_options, (k, n, m, b), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per element of B, block of K, block of N; programs run concurrently.
-        # Each loops over the blocks of M itself, carrying running values.
+        # One program per element of B, block of K, block of N; programs run concurrently. Each loops over the
+        # blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),  # dz: f32[B, M, N]
             pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),  # x: bf16[B, M, K]
         ],
-        # dy: bf16[B, K, N]
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4253,9 +3662,7 @@ def _batched_matmul_backward_y_gpu(
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, rhs_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -4266,23 +3673,18 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "M", "N"),
@@ -4294,9 +3696,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_k, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -4317,40 +3717,27 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[
-                program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
-            ],
-        )
+        (out_smem, dy_ref.at[program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
+    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
-        (b, k, n, m),
-        (block_k, block_n, block_m, stages),
+        _batched_matmul_backward_y_stage_2_mosaic_gpu_options, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "batched_matmul_backward_y_stage_2",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (64,),
-        smem_bytes,
+        "batched_matmul_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -4364,10 +3751,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_k // block_k, padded_n // block_n),
         grid_names=("B", "K", "N"),
         interpret=interpret,
@@ -4376,13 +3760,11 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
+    turn, the arrays between them in global memory."""
     rhs = _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((b, m, n))
-    dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(
-        x, rhs, b=b, k=k, n=n, m=m, interpret=interpret
-    )
+    dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((b, k, n))
 
 
@@ -4419,12 +3801,7 @@ def batched_matmul_backward_y(dz, x):
     x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
     dacc = dz.astype(jnp.bfloat16)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "bkm,bnm->bkn",
-            jnp.squeeze(x, (2,)),
-            jnp.squeeze(dacc, (1,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bkm,bnm->bkn", jnp.squeeze(x, (2,)), jnp.squeeze(dacc, (1,)), preferred_element_type=jnp.float32),
         (3,),
     ).astype(jnp.bfloat16)
     dy = dy.reshape((b, k, n))
@@ -4442,43 +3819,35 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     s_ref[...] = acc * scale
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_tpu_blocks = rt.TpuBlocks(
     "scores",
     sizes=("B", "S", "T", "D"),
     tiling={"S": (16, "bf16 rows"), "T": (128, "lanes")},
-    chips={
-        None: {"default": (128, 128)},
-        "v5e": {"default": (512, 512)},
-        "v6e": {"default": (1024, 1024)},
-    },
+    chips={None: {"default": (128, 128)}, "v5e": {"default": (512, 512)}, "v6e": {"default": (1024, 1024)}},
 )
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0
-    # KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB). Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
-        # One step per element of B, block of S, block of T (D taken whole); steps are independent,
-        # so every axis is parallel.
+        # One step per element of B, block of S, block of T (D taken whole); steps are independent, so every axis is
+        # parallel.
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
-            # k: bf16[B, T, D], read transposed
-            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
+            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),  # k: bf16[B, T, D], read transposed
         ],
-        # s: f32[B, S, T]
-        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),  # s: f32[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d + b * size_s * t,
@@ -4502,45 +3871,34 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
         in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
         q = rt.load(q_ref.at[:, pl.ds(start, block_d)], (in_s, in_d), other=0)
         k = rt.load(k_ref.at[:, pl.ds(start, block_d)], (in_t, in_d), other=0)
-        return acc + jax.lax.dot_general(
-            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
     rt.store(s_ref, acc * scale, inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
-# T, D, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, D, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _scores_gpu(
-    q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
-):
+def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
-        _scores_gpu_options,
-        (size_s, t, d, b),
-        (block_s, block_t, block_d, num_warps, num_stages),
-        16,
+        _scores_gpu_options, (size_s, t, d, b), (block_s, block_t, block_d, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale
-        ),
-        # One program per element of B, block of S, block of T; each loops over D itself
-        # (Triton has no scratch memory).
+        functools.partial(_scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale),
+        # One program per element of B, block of S, block of T; each loops over D itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
-            # k: bf16[B, T, D], read transposed
-            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
+            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),  # k: bf16[B, T, D], read transposed
         ],
-        # s: f32[B, S, T]
-        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),  # s: f32[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4548,12 +3906,8 @@ def _scores_gpu(
     )(q, k)
 
 
-def _scores_mosaic_gpu_kernel(
-    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale
-):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_t = jax.lax.axis_index("T")
+def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale):
+    program_b, program_s, program_t = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("T")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, q_smem, k_smem):
@@ -4574,63 +3928,34 @@ def _scores_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            s_ref.at[
-                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
-            ],
-        )
+        (out_smem, s_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_mosaic_gpu(
-    q,
-    k,
-    *,
-    b,
-    size_s,
-    t,
-    d,
-    scale,
-    block_s=None,
-    block_t=None,
-    block_d=None,
-    stages=None,
-    interpret,
+    q, k, *, b, size_s, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
 ):
-    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
     smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
-    rt.mgpu_check_choices(
-        "scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes
-    )
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    padded_d = d + -d % block_d
+    rt.mgpu_check_choices("scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes)
+    padded_size_s, padded_t, padded_d = size_s + -size_s % block_s, t + -t % block_t, d + -d % block_d
     q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
-            _scores_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            stages=stages,
-            scale=scale,
+            _scores_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, block_d=block_d, stages=stages, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_t), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_s, block_t), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_size_s // block_s, padded_t // block_t),
         grid_names=("B", "S", "T"),
         interpret=interpret,
@@ -4639,10 +3964,9 @@ def _scores_mosaic_gpu(
 
 
 def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels scores_backward_epilogue, scores_backward_q,
-    scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
-    backward kernels recompute the values they need from them.
+    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels scores_backward_epilogue, scores_backward_q, scores_backward_k. The forward pass saves its inputs
+    (q, k) and nothing else: the backward kernels recompute the values they need from them.
     """
     q, k = saved
     ds = cotangents
@@ -4680,8 +4004,8 @@ def scores(q, k, *, scale=0.125):
     Returns:
       s: f32[B, S, T].
 
-    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
-    scores_backward_q, scores_backward_k (_scores_vjp).
+    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
+    scores_backward_k (_scores_vjp).
     """
     acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
     s = acc * scale
@@ -4693,17 +4017,14 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
     "scores_backward_epilogue",
     sizes=("B", "S", "T"),
     tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
     chips={None: {"default": (1, 128, 128)}},
-    step=lambda b, s, t, block_b, block_s, block_t: (
-        block_b * block_s * block_t,
-        12 * block_b * block_s * block_t,
-    ),
+    step=lambda b, s, t, block_b, block_s, block_t: (block_b * block_s * block_t, 12 * block_b * block_s * block_t),
 )
 
 
@@ -4712,17 +4033,14 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
     block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
-    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that
-    # need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that need more than
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
-        # One step per block of B, block of S, block of T; steps are independent, so every axis is
-        # parallel.
+        # One step per block of B, block of S, block of T; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        # ds: f32[B, S, T]
-        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
-        # dacc: bf16[B, S, T]
-        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],  # ds: f32[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),  # dacc: bf16[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
@@ -4747,30 +4065,24 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B,
-# S, T) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, S, T) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
-def _scores_backward_epilogue_gpu(
-    ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
-):
+def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_epilogue_gpu_options,
-        (b, s, t),
-        (block_b, block_s, block_t, num_warps, num_stages),
+        _scores_backward_epilogue_gpu_options, (b, s, t), (block_b, block_s, block_t, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_gpu_kernel, b=b, s=s, t=t, scale=scale),
         # One program per block of B, block of S, block of T; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        # ds: f32[B, S, T]
-        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
-        # dacc: bf16[B, S, T]
-        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],  # ds: f32[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),  # dacc: bf16[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4779,9 +4091,7 @@ def _scores_backward_epilogue_gpu(
 
 
 def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, block_t, scale):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_t = jax.lax.axis_index("T")
+    program_b, program_s, program_t = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("T")
 
     def step(_, ds_smem, dacc_smem):
         ds = rt.mgpu_load(ds_smem, (block_s, block_t), (0, 1))
@@ -4791,25 +4101,18 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 128
     padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
-        functools.partial(
-            _scores_backward_epilogue_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
+        functools.partial(_scores_backward_epilogue_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, scale=scale),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_t), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_s, block_s), pl.cdiv(padded_t, block_t)),
         grid_names=("B", "S", "T"),
@@ -4859,14 +4162,10 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
     if t % block_t:  # a ragged T: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         dacc = jnp.where(
-            step * block_t + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < t,
-            dacc.astype(jnp.float32),
-            0,
+            step * block_t + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < t, dacc.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         k = jnp.where(
-            step * block_t + jax.lax.broadcasted_iota(jnp.int32, k.shape, 0) < t,
-            k.astype(jnp.float32),
-            0,
+            step * block_t + jax.lax.broadcasted_iota(jnp.int32, k.shape, 0) < t, k.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
@@ -4876,8 +4175,8 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
         dq_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_q_tpu_blocks = rt.TpuBlocks(
     "scores_backward_q",
     sizes=("B", "S", "D", "T"),
@@ -4892,38 +4191,27 @@ _scores_backward_q_tpu_blocks = rt.TpuBlocks(
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
     """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_d, block_t = rt.tpu_blocks(
-        _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB)
-    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_s, block_d, block_t = rt.tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t))
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
+    # 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
-        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are
-        # independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are independent (parallel);
+        # steps along T accumulate in order (arbitrary).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d), pl.cdiv(t, block_t)),
         in_specs=[
-            # dacc: bf16[B, S, T]
-            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),
-            # k: bf16[B, T, D]
-            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),  # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),  # k: bf16[B, T, D]
         ],
-        # dq: bf16[B, S, D]
-        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),  # dq: bf16[B, S, D]
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
-        # acc_ref: the f32 sum over T of one output tile
-        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],  # acc_ref: the f32 sum over T of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s * d * t,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d,
+            flops=2 * b * s * d * t, transcendentals=0, bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d
         ),
         interpret=interpret,
         name="scores_backward_q",
@@ -4944,40 +4232,32 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
         k = rt.load(k_ref.at[pl.ds(start, block_t), :], (in_t, in_d), other=0)
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32))
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
-# D, T, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, D, T, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _scores_backward_q_gpu(
-    dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
-):
+def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_q_gpu_options,
-        (s, d, t, b),
-        (block_s, block_d, block_t, num_warps, num_stages),
-        16,
+        _scores_backward_q_gpu_options, (s, d, t, b), (block_s, block_d, block_t, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
-        # One program per element of B, block of S, block of D; each loops over T itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of S, block of D; each loops over T itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
             pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),  # k: bf16[B, T, D]
         ],
-        # dq: bf16[B, S, D]
-        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),  # dq: bf16[B, S, D]
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4988,9 +4268,7 @@ def _scores_backward_q_gpu(
 def _scores_backward_q_mosaic_gpu_kernel(
     dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_d = jax.lax.axis_index("D")
+    program_b, program_s, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, k_smem):
@@ -5011,49 +4289,34 @@ def _scores_backward_q_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dq_ref.at[
-                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
-            ],
-        )
+        (out_smem, dq_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
     smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
-    rt.mgpu_check_choices(
-        "scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes)
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
     dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_q_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_d=block_d,
-            block_t=block_t,
-            stages=stages,
+            _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_s, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_s // block_s, padded_d // block_d),
         grid_names=("B", "S", "D"),
         interpret=interpret,
@@ -5103,18 +4366,12 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
     if s % block_s:  # a ragged S: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         dacc = jnp.where(
-            step * block_s + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < s,
-            dacc.astype(jnp.float32),
-            0,
+            step * block_s + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < s, dacc.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         q = jnp.where(
-            step * block_s + jax.lax.broadcasted_iota(jnp.int32, q.shape, 0) < s,
-            q.astype(jnp.float32),
-            0,
+            step * block_s + jax.lax.broadcasted_iota(jnp.int32, q.shape, 0) < s, q.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-    )
+    acc_ref[...] += jax.lax.dot_general(dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _epilogue():
@@ -5122,8 +4379,8 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
         dk_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_k_tpu_blocks = rt.TpuBlocks(
     "scores_backward_k",
     sizes=("B", "T", "D", "S"),
@@ -5138,38 +4395,28 @@ _scores_backward_k_tpu_blocks = rt.TpuBlocks(
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
     """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_d, block_s = rt.tpu_blocks(
-        _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB)
-    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_t, block_d, block_s = rt.tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s))
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
+    # 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
-        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are
-        # independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are independent (parallel);
+        # steps along S accumulate in order (arbitrary).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d), pl.cdiv(s, block_s)),
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, k, i)),
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),  # q: bf16[B, S, D]
         ],
-        # dk: bf16[B, T, D]
-        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),  # dk: bf16[B, T, D]
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
-        # acc_ref: the f32 sum over S of one output tile
-        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],  # acc_ref: the f32 sum over S of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * t * d * s,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d,
+            flops=2 * b * t * d * s, transcendentals=0, bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d
         ),
         interpret=interpret,
         name="scores_backward_k",
@@ -5188,45 +4435,34 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
         in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
         dacc = rt.load(dacc_ref.at[pl.ds(start, block_s), :], (in_s, in_t), other=0)
         q = rt.load(q_ref.at[pl.ds(start, block_s), :], (in_s, in_d), other=0)
-        return acc + jax.lax.dot_general(
-            dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32))
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T,
-# D, S, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, D, S, B) shown (the spec's
+# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
+# (a small dimension: one masked block).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _scores_backward_k_gpu(
-    dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
-):
+def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
-        _scores_backward_k_gpu_options,
-        (t, d, s, b),
-        (block_t, block_d, block_s, num_warps, num_stages),
-        16,
+        _scores_backward_k_gpu_options, (t, d, s, b), (block_t, block_d, block_s, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
-        # One program per element of B, block of T, block of D; each loops over S itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of T, block of D; each loops over S itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
-            # dacc: bf16[B, S, T], read transposed
-            pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),
+            pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),  # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),  # q: bf16[B, S, D]
         ],
-        # dk: bf16[B, T, D]
-        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),  # dk: bf16[B, T, D]
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5237,9 +4473,7 @@ def _scores_backward_k_gpu(
 def _scores_backward_k_mosaic_gpu_kernel(
     dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_t = jax.lax.axis_index("T")
-    program_d = jax.lax.axis_index("D")
+    program_b, program_t, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("T"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, q_smem):
@@ -5260,50 +4494,35 @@ def _scores_backward_k_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dk_ref.at[
-                program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
-            ],
-        )
+        (out_smem, dk_ref.at[program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
     smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
-    rt.mgpu_check_choices(
-        "scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes)
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
     dacc, q = rt.mgpu_pad(dacc, (b, padded_t, padded_s)), rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_k_mosaic_gpu_kernel,
-            block_t=block_t,
-            block_d=block_d,
-            block_s=block_s,
-            stages=stages,
+            _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_t, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_t // block_t, padded_d // block_d),
         grid_names=("B", "T", "D"),
         interpret=interpret,
@@ -5353,14 +4572,10 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         x = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
-            x.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         w = jnp.where(
-            step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k,
-            w.astype(jnp.float32),
-            0,
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k, w.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     # Where N is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
     acc_ref[...] += (
@@ -5376,8 +4591,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_tpu_blocks = rt.TpuBlocks(
     "linear",
     sizes=("M", "N", "K"),
@@ -5392,27 +4607,22 @@ _linear_tpu_blocks = rt.TpuBlocks(
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
-            # w: bf16[N, K], read transposed
-            pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),  # w: bf16[N, K], read transposed
             pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over K of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_ref: the f32 sum over K of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -5420,9 +4630,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n
         ),
         interpret=interpret,
         name="linear",
@@ -5441,33 +4649,28 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         w = rt.load(w_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
     bias = rt.load(bias_ref, (None, in_n))
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _linear_gpu(
-    x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
+def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -5483,18 +4686,7 @@ def _linear_gpu(
 
 
 def _linear_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    bias_ref,
-    y_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -5518,44 +4710,28 @@ def _linear_mosaic_gpu_kernel(
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_mosaic_gpu(
-    x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
+    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices(
-        "linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes
-    )
+    rt.mgpu_check_choices("linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
-        functools.partial(
-            _linear_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
+        functools.partial(_linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
@@ -5570,10 +4746,9 @@ def _linear_mosaic_gpu(
 
 
 def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
-    The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
-    recompute the values they need from them.
+    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels linear_backward_over_m, linear_backward_x, linear_backward_w. The forward pass saves its inputs (x,
+    w, bias) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, w, _ = saved
     dy = cotangents
@@ -5584,11 +4759,7 @@ def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "w": (jnp.bfloat16, ("N", "K")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
+    inputs={"x": (jnp.bfloat16, ("M", "K")), "w": (jnp.bfloat16, ("N", "K")), "bias": (jnp.float32, ("N",), (1, "N"))},
     outputs={"y": (jnp.bfloat16, ("M", "N"))},
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
@@ -5614,8 +4785,8 @@ def linear(x, w, bias):
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
-    linear_backward_x, linear_backward_w (_linear_vjp).
+    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
+    linear_backward_w (_linear_vjp).
     """
     bias = bias[None, :]
     acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
@@ -5643,8 +4814,8 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "linear_backward_over_m",
     sizes=("M", "N"),
@@ -5657,17 +4828,15 @@ _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit
-    # copy of a block 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0
+    # MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
-        # M accumulate in order (arbitrary).
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # dy: bf16[M, N]
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
@@ -5675,9 +4844,7 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n),
         interpret=interpret,
         name="linear_backward_over_m",
     )(dy)
@@ -5708,10 +4875,10 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
@@ -5722,8 +4889,7 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
@@ -5734,9 +4900,7 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
     )(dy)
 
 
-def _linear_backward_over_m_mosaic_gpu_kernel(
-    dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m
-):
+def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
     def reduce_1(indices, dy_smem, carry):
@@ -5746,9 +4910,7 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -5766,15 +4928,13 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
-        functools.partial(
-            _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
+        functools.partial(_linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
@@ -5827,14 +4987,10 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
     if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         dy = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n,
-            dy.astype(jnp.float32),
-            0,
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n, dy.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         w = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < n,
-            w.astype(jnp.float32),
-            0,
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < n, w.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
@@ -5844,8 +5000,8 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_x_tpu_blocks = rt.TpuBlocks(
     "linear_backward_x",
     sizes=("M", "K", "N"),
@@ -5856,16 +5012,13 @@ _linear_backward_x_tpu_blocks = rt.TpuBlocks(
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_k, block_n = rt.tpu_blocks(_linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
@@ -5873,13 +5026,10 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_ref: the f32 sum over N of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -5903,33 +5053,25 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
         w = rt.load(w_ref.at[pl.ds(start, block_n), :], (in_n, in_k), other=0)
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _linear_backward_x_gpu(
-    dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
+def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _linear_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _linear_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -5966,48 +5108,31 @@ def _linear_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_backward_x_mosaic_gpu(
-    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
+    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
-    rt.mgpu_check_choices(
-        "linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_x_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-            stages=stages,
+            _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -6057,18 +5182,12 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
     if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
         # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
         dy = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m,
-            dy.astype(jnp.float32),
-            0,
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m, dy.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
         x = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
-            x.astype(jnp.float32),
-            0,
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x.astype(jnp.float32), 0
         ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-    )
+    acc_ref[...] += jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _epilogue():
@@ -6076,8 +5195,8 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
+# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_w_tpu_blocks = rt.TpuBlocks(
     "linear_backward_w",
     sizes=("N", "K", "M"),
@@ -6088,31 +5207,24 @@ _linear_backward_w_tpu_blocks = rt.TpuBlocks(
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
     """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_n, block_k, block_m = rt.tpu_blocks(
-        _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_n, block_k, block_m = rt.tpu_blocks(_linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of K, block of M. Steps along N, K are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of N, block of K, block of M. Steps along N, K are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
-            # dy: bf16[M, N], read transposed
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # dy: bf16[M, N], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K]
         ],
         out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
-        scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],  # acc_ref: the f32 sum over M of one output tile
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + 2 * n * k
@@ -6134,37 +5246,27 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N,
-# K, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a call that passes
+# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json
+# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
+# dimension: one masked block).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _linear_backward_w_gpu(
-    dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
-):
+def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
-        _linear_backward_w_gpu_options,
-        (n, k, m),
-        (block_n, block_k, block_m, num_warps, num_stages),
-        16,
+        _linear_backward_w_gpu_options, (n, k, m), (block_n, block_k, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
-        # One program per block of N, block of K; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of N, block of K; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed
@@ -6201,49 +5303,32 @@ def _linear_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (N, K, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes none, by device
+# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's
+# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_backward_w_mosaic_gpu(
-    dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
-):
-    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret):
+    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
-    rt.mgpu_check_choices(
-        "linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes)
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
     dy, x = rt.mgpu_pad(dy, (padded_n, padded_m)), rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_w_mosaic_gpu_kernel,
-            block_n=block_n,
-            block_k=block_k,
-            block_m=block_m,
-            stages=stages,
+            _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_n, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_n, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_n // block_n, padded_k // block_k),
         grid_names=("N", "K"),
         interpret=interpret,

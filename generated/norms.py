@@ -20,9 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _layer_norm_with_residuals_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps
-):
+def _layer_norm_with_residuals_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     b = b_ref[...]
@@ -37,8 +35,8 @@ def _layer_norm_with_residuals_kernel(
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "layer_norm_with_residuals",
     sizes=("M", "N"),
@@ -51,10 +49,9 @@ _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
-    # + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy
-    # of a block 64 B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
+    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
+    # B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -77,8 +74,7 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 14 * m * n
@@ -88,9 +84,7 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     )(x, w, b)
 
 
-def _layer_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps
-):
+def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -110,16 +104,14 @@ def _layer_norm_with_residuals_gpu_kernel(
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
-def _layer_norm_with_residuals_gpu(
-    x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
-):
+def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
@@ -127,8 +119,8 @@ def _layer_norm_with_residuals_gpu(
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -180,9 +172,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_over_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -204,9 +194,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_n_2_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_2_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0
-            )
+            mean_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0)
         mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
         return (mean_n_2_running,)
 
@@ -238,9 +226,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
-            jnp.bfloat16
-        )
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -260,20 +246,14 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
-        functools.partial(
-            _layer_norm_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            n=n,
-            eps=eps,
-        ),
+        functools.partial(_layer_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -359,8 +339,8 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_tpu_blocks = rt.TpuBlocks(
     "layer_norm",
     sizes=("M", "N"),
@@ -373,9 +353,9 @@ _layer_norm_tpu_blocks = rt.TpuBlocks(
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
-    # + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64
-    # B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
+    # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B. Blocks
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -396,8 +376,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n
@@ -420,17 +399,15 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
     rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
-    rstd = jax.lax.rsqrt(
-        jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-    )
+    rstd = jax.lax.rsqrt(jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps)
     rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
@@ -442,8 +419,8 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -467,20 +444,7 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
 
 
 def _layer_norm_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    b_ref,
-    y_ref,
-    mu_ref,
-    rstd_ref,
-    mu_smem,
-    rstd_smem,
-    y_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-    eps,
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mu_smem, rstd_smem, y_buffers, *, block_m, block_n, n, eps
 ):
     program_m = jax.lax.axis_index("M")
 
@@ -491,9 +455,7 @@ def _layer_norm_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
+            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
@@ -515,9 +477,7 @@ def _layer_norm_mosaic_gpu_kernel(
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_over_n_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -546,9 +506,7 @@ def _layer_norm_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
-            jnp.bfloat16
-        )
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -568,16 +526,14 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd = plgpu.kernel(
-        functools.partial(
-            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -596,30 +552,17 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
 
 
 def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
-    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
-    residuals mean_n (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need (h, d) from them.
+    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels layer_norm_backward, layer_norm_backward_over_m. The forward pass saves its inputs (x, w, b), its
+    outputs mu, rstd (read, not recomputed) and the residuals mean_n (forward values that cost more to recompute
+    than to save): the backward kernels recompute the values they need (h, d) from them.
     """
     x, w, mu, rstd, mean_n = saved
     dy, dmu, drstd = cotangents
     dx = layer_norm_backward(
-        x,
-        w,
-        mu,
-        rstd,
-        mean_n,
-        dy,
-        dmu,
-        drstd,
-        eps=eps,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, gpu_backend=gpu_backend, interpret=interpret
     )
-    dw, db = layer_norm_backward_over_m(
-        x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw, db
 
 
@@ -662,8 +605,8 @@ def layer_norm(x, w, b, *, eps=1e-05):
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
 
-    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
-    layer_norm_backward_over_m (_layer_norm_vjp).
+    Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
+    (_layer_norm_vjp).
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -703,8 +646,8 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward",
     sizes=("M", "N"),
@@ -714,16 +657,14 @@ _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _layer_norm_backward_tpu(
-    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
-):
+def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
     """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B +
-    # rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a
-    # block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let rstd_1 64 B +
-    # let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let drstd_1 64 B + let dd 64 B + let
-    # dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
+    # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
+    # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
+    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -741,8 +682,7 @@ def _layer_norm_backward_tpu(
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=26 * m * n,
@@ -783,10 +723,10 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
@@ -800,8 +740,8 @@ def _layer_norm_backward_gpu(
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -869,9 +809,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * d
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -907,9 +845,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         )
         sum_over_n_block = -dd
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -948,8 +884,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = dh.astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -965,23 +900,17 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _layer_norm_backward_mosaic_gpu(
-    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret
-):
-    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret):
+    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    mu = rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
-    rstd = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
-    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
-    dy, dmu = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(dmu.reshape((m,)), (padded_m,))
-    drstd = rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
+    mu, rstd = rt.mgpu_pad(mu.reshape((m,)), (padded_m,)), rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
+    mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
+    dmu, drstd = rt.mgpu_pad(dmu.reshape((m,)), (padded_m,)), rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=5),
@@ -1064,17 +993,7 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
 
 
 def _layer_norm_backward_over_m_kernel(
-    x_ref,
-    mu_ref,
-    rstd_ref,
-    dy_ref,
-    dw_ref,
-    db_ref,
-    sum_m_running_ref,
-    sum_over_m_running_ref,
-    *,
-    m,
-    block_m,
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, sum_m_running_ref, sum_over_m_running_ref, *, m, block_m
 ):
     step = pl.program_id(0)
 
@@ -1098,9 +1017,7 @@ def _layer_norm_backward_over_m_kernel(
     sum_over_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
         sum_over_m_block = rt.fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
-    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(
-        sum_over_m_block, axis=0, keepdims=True
-    )
+    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
@@ -1110,8 +1027,8 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward_over_m",
     sizes=("M", "N"),
@@ -1124,10 +1041,9 @@ _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
     """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B +
-    # dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
-    # 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
+    # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
+    # y_1 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -1142,33 +1058,23 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
             pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
             pl.BlockSpec((1, n), lambda i: (0, 0)),  # db: f32[N], broadcast over M
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
-        ),
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
         scratch_shapes=[
-            # sum_m_running_ref: the running sum over M of one block
-            pltpu.VMEM((1, n), jnp.float32),
-            # sum_over_m_running_ref: the running sum over M of one block
-            pltpu.VMEM((1, n), jnp.float32),
+            pltpu.VMEM((1, n), jnp.float32),  # sum_m_running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),  # sum_over_m_running_ref: the running sum over M of one block
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n,
+            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n
         ),
         interpret=interpret,
         name="layer_norm_backward_over_m",
     )(x, mu, rstd, dy)
 
 
-def _layer_norm_backward_over_m_gpu_kernel(
-    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m
-):
+def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m):
     _, block_n = dw_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
@@ -1208,24 +1114,21 @@ def _layer_norm_backward_over_m_gpu_kernel(
     rt.store(db_ref, sum_over_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _layer_norm_backward_over_m_gpu(
-    x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
+def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -1237,10 +1140,7 @@ def _layer_norm_backward_over_m_gpu(
             pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
             pl.BlockSpec((1, block_n), lambda i: (0, i)),  # db: f32[N], broadcast over M
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
-        ),
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="layer_norm_backward_over_m",
@@ -1265,15 +1165,11 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_over_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0
-            )
+            sum_over_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0)
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
 
@@ -1287,10 +1183,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
-            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
-        ),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1), rt.mgpu_full(block_n, 0.0, jnp.float32, 1)),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
     sum_m = sum_m_running
     sum_over_m = sum_over_m_running
@@ -1305,20 +1198,15 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
     rstd, dy = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     dw, db = plgpu.kernel(
-        functools.partial(
-            _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-        ),
+        functools.partial(_layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32), plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
         grid_names=("N",),
@@ -1383,8 +1271,8 @@ def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "rms_norm_with_residuals",
     sizes=("M", "N"),
@@ -1397,9 +1285,8 @@ _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B +
-    # mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
+    # 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1417,8 +1304,7 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 6 * m * n
@@ -1442,10 +1328,10 @@ def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1457,8 +1343,8 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1490,9 +1376,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_over_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -1517,9 +1401,9 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
-        ).astype(jnp.bfloat16)
+        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1538,27 +1422,18 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     y, mean_n = plgpu.kernel(
-        functools.partial(
-            _rms_norm_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            n=n,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
-        ],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1607,13 +1482,11 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     h = x.astype(jnp.float32)
-    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(
-        jnp.bfloat16
-    )
+    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_tpu_blocks = rt.TpuBlocks(
     "rms_norm",
     sizes=("M", "N"),
@@ -1626,9 +1499,8 @@ _rms_norm_tpu_blocks = rt.TpuBlocks(
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) +
-    # mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) + mean's 32-bit copy of a
+    # block 64 B + let h 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1640,8 +1512,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 2 * m * n
@@ -1662,34 +1533,28 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
-        (
-            h
-            * jax.lax.rsqrt(
-                jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-            )
-            * w
-        ).astype(jnp.bfloat16),
+        (h * jax.lax.rsqrt(jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps) * w).astype(
+            jnp.bfloat16
+        ),
         inside,
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1713,9 +1578,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         h = x.astype(jnp.float32)
         mean_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
+            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
@@ -1736,9 +1599,9 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
-        ).astype(jnp.bfloat16)
+        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1757,15 +1620,13 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
@@ -1776,18 +1637,15 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
 
 
 def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
-    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (h) from
-    them.
+    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass saves its inputs (x, w) and the
+    residuals mean_n (forward values that cost more to recompute than to save): the backward kernels recompute
+    the values they need (h) from them.
     """
     x, w, mean_n = saved
     dy = cotangents
     dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
-    dw = rms_norm_backward_over_m(
-        x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw
 
 
@@ -1820,14 +1678,12 @@ def rms_norm(x, w, *, eps=1e-06):
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
-    rms_norm_backward_over_m (_rms_norm_vjp).
+    Gradients: jax.grad runs the generated backward kernels rms_norm_backward, rms_norm_backward_over_m
+    (_rms_norm_vjp).
     """
     w = w[None, :]
     h = x.astype(jnp.float32)
-    y = (
-        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
-    ).astype(jnp.bfloat16)
+    y = (h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w).astype(jnp.bfloat16)
     return y
 
 
@@ -1846,8 +1702,8 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward",
     sizes=("M", "N"),
@@ -1860,10 +1716,9 @@ _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B +
-    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3
-    # 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
+    # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
+    # dy_3 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1877,13 +1732,10 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n,
+            flops=18 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward",
@@ -1905,25 +1757,19 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    dy_3 = (
-        jnp.sum(rt.fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
-        * (-0.5 * (y_3 / y_2))
-        / n
-    )
+    dy_3 = jnp.sum(rt.fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True) * (-0.5 * (y_3 / y_2)) / n
     dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
-def _rms_norm_backward_gpu(
-    x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
-):
+def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
@@ -1931,8 +1777,8 @@ def _rms_norm_backward_gpu(
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1949,19 +1795,7 @@ def _rms_norm_backward_gpu(
 
 
 def _rms_norm_backward_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    mean_n_ref,
-    dy_ref,
-    dx_ref,
-    barrier,
-    mean_n_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-    eps,
+    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, barrier, mean_n_smem, dx_buffers, *, block_m, block_n, n, eps
 ):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0])
@@ -1980,9 +1814,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * h
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -2019,8 +1851,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = dh.astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -2037,17 +1868,14 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -2110,9 +1938,7 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     return dx
 
 
-def _rms_norm_backward_over_m_kernel(
-    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps
-):
+def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -2138,8 +1964,8 @@ def _rms_norm_backward_over_m_kernel(
         dw_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward_over_m",
     sizes=("M", "N"),
@@ -2152,9 +1978,9 @@ _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B
-    # + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let
-    # y_3 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
+    # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B. Blocks that
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -2166,16 +1992,12 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         ],
         out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n,
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",
@@ -2213,24 +2035,21 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     rt.store(dw_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _rms_norm_backward_over_m_gpu(
-    x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
-):
+def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
     """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -2263,9 +2082,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_3
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -2287,20 +2104,14 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_backward_over_m_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            m=m,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),

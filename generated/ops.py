@@ -27,8 +27,8 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_tpu_blocks = rt.TpuBlocks(
     "add_f32",
     sizes=("M", "N"),
@@ -41,8 +41,8 @@ _add_f32_tpu_blocks = rt.TpuBlocks(
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -54,12 +54,9 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_f32",
     )(x, y)
@@ -77,10 +74,10 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -116,15 +113,14 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -139,9 +135,9 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels add_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
+    recompute the values they need from them.
     """
     dz = cotangents
     dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
@@ -185,8 +181,8 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_backward_tpu_blocks = rt.TpuBlocks(
     "add_f32_backward",
     sizes=("M", "N"),
@@ -199,8 +195,8 @@ _add_f32_backward_tpu_blocks = rt.TpuBlocks(
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0
-    # KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB). Blocks that need
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -210,17 +206,11 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n),
         interpret=interpret,
         name="add_f32_backward",
     )(dz)
@@ -237,10 +227,10 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -258,10 +248,7 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="add_f32_backward",
@@ -280,14 +267,13 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -340,8 +326,8 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_tpu_blocks = rt.TpuBlocks(
     "mul_f32",
     sizes=("M", "N"),
@@ -354,8 +340,8 @@ _mul_f32_tpu_blocks = rt.TpuBlocks(
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -367,12 +353,9 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_f32",
     )(x, y)
@@ -390,10 +373,10 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x * y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -429,15 +412,14 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -452,9 +434,9 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels mul_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
+    recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -501,8 +483,8 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
     "mul_f32_backward",
     sizes=("M", "N"),
@@ -515,8 +497,8 @@ _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB +
-    # dx 512.0 KiB + dy 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB + dx 512.0 KiB + dy
+    # 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -530,13 +512,9 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y, dz) + 8 * m * n
@@ -559,10 +537,10 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz * x, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -584,10 +562,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="mul_f32_backward",
@@ -607,16 +582,14 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 3,
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 3,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
 
 
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -635,11 +608,7 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "y": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-    },
+    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N"))},
     outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
@@ -675,8 +644,8 @@ def _argmax_f32_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_f32_tpu_blocks = rt.TpuBlocks(
     "argmax_f32",
     sizes=("M", "N"),
@@ -689,8 +658,8 @@ _argmax_f32_tpu_blocks = rt.TpuBlocks(
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
+    # 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -699,12 +668,9 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_f32",
     )(x)
@@ -720,10 +686,10 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
@@ -735,8 +701,8 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_f32_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -756,9 +722,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -769,10 +733,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -781,8 +742,8 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -798,8 +759,8 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
@@ -828,8 +789,8 @@ def argmax_f32(x):
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -859,8 +820,8 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_f32_tpu_blocks = rt.TpuBlocks(
     "equal_count_f32",
     sizes=("N",),
@@ -873,9 +834,8 @@ _equal_count_f32_tpu_blocks = rt.TpuBlocks(
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
+    # block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -891,9 +851,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_f32",
     )(x, y)
@@ -916,17 +874,15 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
-    )
+    (sum_n_running,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
     sum_n = sum_n_running
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -937,8 +893,7 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
         in_specs=[
             pl.BlockSpec((size_n,), lambda: (0,)),  # x: f32[N]
@@ -952,33 +907,27 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )(x, y)
 
 
-def _equal_count_f32_mosaic_gpu_kernel(
-    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
-):
+def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x == y).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2,
+        step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -997,8 +946,8 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
+    since no float input reaches a float output.
     """
     return None, None
 
@@ -1028,8 +977,8 @@ def equal_count_f32(x, y):
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
@@ -1037,8 +986,8 @@ def equal_count_f32(x, y):
     return n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i32_tpu_blocks = rt.TpuBlocks(
     "add_i32",
     sizes=("M", "N"),
@@ -1051,8 +1000,8 @@ _add_i32_tpu_blocks = rt.TpuBlocks(
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1064,21 +1013,18 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1114,15 +1060,14 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1137,8 +1082,8 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
@@ -1168,15 +1113,15 @@ def add_i32(x, y):
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x + y
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i32_tpu_blocks = rt.TpuBlocks(
     "mul_i32",
     sizes=("M", "N"),
@@ -1189,8 +1134,8 @@ _mul_i32_tpu_blocks = rt.TpuBlocks(
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1202,21 +1147,18 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1252,15 +1194,14 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1275,8 +1216,8 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
@@ -1306,15 +1247,15 @@ def mul_i32(x, y):
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x * y
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i32_tpu_blocks = rt.TpuBlocks(
     "argmax_i32",
     sizes=("M", "N"),
@@ -1327,8 +1268,8 @@ _argmax_i32_tpu_blocks = rt.TpuBlocks(
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
+    # 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1337,12 +1278,9 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i32",
     )(x)
@@ -1358,10 +1296,10 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1373,8 +1311,8 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_i32_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -1394,9 +1332,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -1407,10 +1343,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -1419,8 +1352,8 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1436,8 +1369,8 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
@@ -1466,8 +1399,8 @@ def argmax_i32(x):
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1476,8 +1409,8 @@ def argmax_i32(x):
     return i
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i32_tpu_blocks = rt.TpuBlocks(
     "equal_count_i32",
     sizes=("N",),
@@ -1490,9 +1423,8 @@ _equal_count_i32_tpu_blocks = rt.TpuBlocks(
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
+    # block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1508,18 +1440,16 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -1530,8 +1460,7 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
         in_specs=[
             pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
@@ -1545,33 +1474,27 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )(x, y)
 
 
-def _equal_count_i32_mosaic_gpu_kernel(
-    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
-):
+def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x == y).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
-    )(x_ref, y_ref)
+    plgpu.emit_pipeline(step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2)(
+        x_ref, y_ref
+    )
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1590,8 +1513,8 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
+    since no float input reaches a float output.
     """
     return None, None
 
@@ -1621,8 +1544,8 @@ def equal_count_i32(x, y):
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
@@ -1636,8 +1559,8 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i8_tpu_blocks = rt.TpuBlocks(
     "add_i8",
     sizes=("M", "N"),
@@ -1650,8 +1573,8 @@ _add_i8_tpu_blocks = rt.TpuBlocks(
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1663,21 +1586,18 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="add_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1719,8 +1639,8 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1735,8 +1655,8 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
@@ -1766,8 +1686,8 @@ def add_i8(x, y):
     Returns:
       z: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x + y
     return z
@@ -1779,8 +1699,8 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i8_tpu_blocks = rt.TpuBlocks(
     "mul_i8",
     sizes=("M", "N"),
@@ -1793,8 +1713,8 @@ _mul_i8_tpu_blocks = rt.TpuBlocks(
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1806,21 +1726,18 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="mul_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
+# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
+# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
+# masked block).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1862,8 +1779,8 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
+    what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1878,8 +1795,8 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
@@ -1909,8 +1826,8 @@ def mul_i8(x, y):
     Returns:
       z: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x * y
     return z
@@ -1921,8 +1838,8 @@ def _argmax_i8_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i8_tpu_blocks = rt.TpuBlocks(
     "argmax_i8",
     sizes=("M", "N"),
@@ -1935,8 +1852,8 @@ _argmax_i8_tpu_blocks = rt.TpuBlocks(
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's
-    # 32-bit copy of a block 128 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
+    # 128 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_i8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1945,12 +1862,9 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i8",
     )(x)
@@ -1963,30 +1877,24 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(
-        i_ref,
-        rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
-        inside,
-    )
+    rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_argmax_i8_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i8[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -2006,9 +1914,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x.astype(jnp.int32)
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -2019,10 +1925,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -2031,8 +1934,8 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -2048,8 +1951,8 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
@@ -2078,8 +1981,8 @@ def argmax_i8(x):
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -2108,8 +2011,8 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i8_tpu_blocks = rt.TpuBlocks(
     "equal_count_i8",
     sizes=("N",),
@@ -2122,9 +2025,8 @@ _equal_count_i8_tpu_blocks = rt.TpuBlocks(
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
+    # 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -2140,18 +2042,16 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -2162,13 +2062,9 @@ def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpr
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[
-            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i8[N]
-        ],
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,)), pl.BlockSpec((size_n,), lambda: (0,))],  # x: i8[N]  # y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -2183,25 +2079,21 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2,
-    )(x_ref, y_ref)
+    plgpu.emit_pipeline(step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2)(
+        x_ref, y_ref
+    )
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -2220,8 +2112,8 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
+    no float input reaches a float output.
     """
     return None, None
 
@@ -2251,8 +2143,8 @@ def equal_count_i8(x, y):
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)

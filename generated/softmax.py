@@ -31,8 +31,8 @@ def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_
     argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "softmax_with_residuals",
     sizes=("M", "N"),
@@ -45,10 +45,9 @@ _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B +
-    # argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block
-    # 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
+    # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
+    # block 32 B + let e 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -67,12 +66,9 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n),
         interpret=interpret,
         name="softmax_with_residuals",
     )(x)
@@ -91,15 +87,13 @@ def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, ma
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
     rt.store(sum_n_ref, sum_n, (in_m, None))
     rt.store(y_ref, e / sum_n, inside)
-    rt.store(
-        argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None)
-    )
+    rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -111,8 +105,8 @@ def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, inte
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -193,9 +187,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -239,15 +231,13 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
-        functools.partial(
-            _softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -264,12 +254,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return (
-        y[:m, :n],
-        sum_n[:m].reshape((m, 1)),
-        argmax_n[:m].reshape((m, 1)),
-        max_n[:m].reshape((m, 1)),
-    )
+    return y[:m, :n], sum_n[:m].reshape((m, 1)), argmax_n[:m].reshape((m, 1)), max_n[:m].reshape((m, 1))
 
 
 @rt.kernel(
@@ -320,8 +305,8 @@ def _softmax_kernel(x_ref, y_ref):
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_tpu_blocks = rt.TpuBlocks(
     "softmax",
     sizes=("M", "N"),
@@ -334,9 +319,8 @@ _softmax_tpu_blocks = rt.TpuBlocks(
 def _softmax_tpu(x, *, m, n, block_m, interpret):
     """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit
-    # copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit copy of a block 32
+    # B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -347,9 +331,7 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="softmax",
     )(x)
@@ -366,23 +348,21 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
@@ -402,9 +382,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
+            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
@@ -424,9 +402,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -462,8 +438,8 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
 
 
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
+    to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -479,16 +455,14 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
-    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
-    save): the backward kernels recompute the values they need (e) from them.
+    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels softmax_backward. The forward pass saves its inputs (x) and the residuals sum_n, argmax_n, max_n
+    (forward values that cost more to recompute than to save): the backward kernels recompute the values they
+    need (e) from them.
     """
     x, sum_n, argmax_n, max_n = saved
     dy = cotangents
-    dx = softmax_backward(
-        x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 
@@ -535,14 +509,12 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
     de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True)
     de_1 = de * e
     dx_ref[...] = de_1 + jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
-        jnp.sum((-de_1), axis=1, keepdims=True),
-        0,
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n, jnp.sum((-de_1), axis=1, keepdims=True), 0
     )
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_backward_tpu_blocks = rt.TpuBlocks(
     "softmax_backward",
     sizes=("M", "N"),
@@ -555,10 +527,9 @@ _softmax_backward_tpu_blocks = rt.TpuBlocks(
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n
-    # 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy
-    # of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
+    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
+    # 32 B + let de_1 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -573,22 +544,17 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=15 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n,
+            flops=15 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="softmax_backward",
     )(x, sum_n, argmax_n, max_n, dy)
 
 
-def _softmax_backward_gpu_kernel(
-    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n
-):
+def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -600,9 +566,7 @@ def _softmax_backward_gpu_kernel(
     max_n = rt.load(max_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
-    de = dy / sum_n + jnp.sum(
-        rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
-    )
+    de = dy / sum_n + jnp.sum(rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True)
     de_1 = de * e
     rt.store(
         dx_ref,
@@ -616,16 +580,14 @@ def _softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
-def _softmax_backward_gpu(
-    x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
-):
+def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
@@ -633,8 +595,8 @@ def _softmax_backward_gpu(
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
@@ -671,9 +633,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0])
     sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
-    rt.mgpu_copy_in(
-        argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
-    )
+    rt.mgpu_copy_in(argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1])
     argmax_n = rt.mgpu_load_vector(argmax_n_smem, 0)
     rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
@@ -685,17 +645,10 @@ def _softmax_backward_mosaic_gpu_kernel(
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = (
-            -dy
-            * e
-            / (
-                rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-                * rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-            )
+            -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0))
         )
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -714,15 +667,11 @@ def _softmax_backward_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
-            sum_over_n, (block_m, block_n), 0
-        )
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         sum_n_2_block = -de_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_2_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0
-            )
+            sum_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0)
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
         return (sum_n_2_running,)
 
@@ -740,23 +689,19 @@ def _softmax_backward_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
-            sum_over_n, (block_m, block_n), 0
-        )
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         dx_buffers[slot] = de_1 + jnp.where(
-            rt.mgpu_positions(start, (block_m, block_n), 1)
-            == rt.mgpu_spread(argmax_n, (block_m, block_n), 0),
+            rt.mgpu_positions(start, (block_m, block_n), 1) == rt.mgpu_spread(argmax_n, (block_m, block_n), 0),
             rt.mgpu_spread(sum_n_2, (block_m, block_n), 0),
             0,
         )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -769,17 +714,15 @@ def _softmax_backward_mosaic_gpu_kernel(
 
 
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
-    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
-    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
-    max_n, dy = rt.mgpu_pad(max_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
+    argmax_n, max_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=3),
@@ -852,8 +795,8 @@ def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
     y_ref[...] = x - logsumexp_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "log_softmax_with_residuals",
     sizes=("M", "N"),
@@ -866,9 +809,8 @@ _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n
-    # 32 B) + logsumexp's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _log_softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -883,12 +825,9 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n),
         interpret=interpret,
         name="log_softmax_with_residuals",
     )(x)
@@ -906,10 +845,10 @@ def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, 
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
@@ -921,8 +860,8 @@ def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, 
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -951,9 +890,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
         logsumexp_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             logsumexp_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n,
-                logsumexp_over_n_block,
-                -jnp.inf,
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_over_n_block, -jnp.inf
             )
         logsumexp_over_n_running, logsumexp_over_n_index = rt.mgpu_logsumexp_step(
             logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
@@ -965,18 +902,13 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
     logsumexp_over_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
     logsumexp_n = logsumexp_over_n
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)]
-    )
+    plgpu.copy_smem_to_gmem(logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem):
         start = indices[0] * block_n
@@ -1000,23 +932,18 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
+    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
-        functools.partial(
-            _log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
-        ],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1061,8 +988,8 @@ def _log_softmax_kernel(x_ref, y_ref):
     y_ref[...] = x - rt.logsumexp(x, 1)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_tpu_blocks = rt.TpuBlocks(
     "log_softmax",
     sizes=("M", "N"),
@@ -1075,8 +1002,8 @@ _log_softmax_tpu_blocks = rt.TpuBlocks(
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's 32-bit copy of a
+    # block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1087,9 +1014,7 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="log_softmax",
     )(x)
@@ -1105,10 +1030,10 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
@@ -1120,8 +1045,8 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
@@ -1154,10 +1079,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
     logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
 
@@ -1183,8 +1105,8 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
 
 
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
+    zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1200,10 +1122,10 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
-    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
-    the backward kernels recompute the values they need from them.
+    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels log_softmax_backward. The forward pass saves its inputs (x) and the residuals logsumexp_n (forward
+    values that cost more to recompute than to save): the backward kernels recompute the values they need from
+    them.
     """
     x, logsumexp_n = saved
     dy = cotangents
@@ -1237,8 +1159,7 @@ def log_softmax(x):
     Returns:
       y: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
-    (_log_softmax_vjp).
+    Gradients: jax.grad runs the generated backward kernels log_softmax_backward (_log_softmax_vjp).
     """
     y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
     return y
@@ -1251,8 +1172,8 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
+# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "log_softmax_backward",
     sizes=("M", "N"),
@@ -1265,9 +1186,8 @@ _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy
-    # 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
+    # sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _log_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1280,13 +1200,10 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n,
+            flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="log_softmax_backward",
@@ -1304,23 +1221,19 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     dy = rt.load(dy_ref, inside)
     rt.store(
         dx_ref,
-        dy
-        + jnp.sum(rt.fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
-        * jnp.exp(x - logsumexp_n),
+        dy + jnp.sum(rt.fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n),
         inside,
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
+# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
+# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
+# block).
 _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
-def _log_softmax_backward_gpu(
-    x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
-):
+def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
@@ -1328,8 +1241,8 @@ def _log_softmax_backward_gpu(
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
@@ -1345,22 +1258,10 @@ def _log_softmax_backward_gpu(
 
 
 def _log_softmax_backward_mosaic_gpu_kernel(
-    x_ref,
-    logsumexp_n_ref,
-    dy_ref,
-    dx_ref,
-    barrier,
-    logsumexp_n_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, logsumexp_n_ref, dy_ref, dx_ref, barrier, logsumexp_n_smem, dx_buffers, *, block_m, block_n, n
 ):
     program_m = jax.lax.axis_index("M")
-    rt.mgpu_copy_in(
-        logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
-    )
+    rt.mgpu_copy_in(logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
     def reduce_1(indices, dy_smem, carry):
@@ -1369,9 +1270,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = -dy
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1396,8 +1295,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -1410,17 +1308,14 @@ def _log_softmax_backward_mosaic_gpu_kernel(
 
 
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
+    with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    logsumexp_n = rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
+    x, logsumexp_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),

@@ -661,4 +661,4 @@ def test_compact_launcher_lines_compute_the_same_values_in_the_same_order():
     # a commented line stays whole and alone; a line too long is not joined
     commented = "y = jnp.swapaxes(y, -1, -2)  # wgmma reads [N, K] tiles"
     assert compact([commented, "y = rt.mgpu_pad(y, (n, k))"]) == [commented, "y = rt.mgpu_pad(y, (n, k))"]
-    assert compact(["a = " + "b" * 60, "c = " + "d" * 40]) == ["a = " + "b" * 60, "c = " + "d" * 40]
+    assert compact(["a = " + "b" * 70, "c = " + "d" * 50]) == ["a = " + "b" * 70, "c = " + "d" * 50]

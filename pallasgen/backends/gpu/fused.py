@@ -33,7 +33,7 @@ from pallasgen.backends.gpu.plan import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import parameter_list, partial_call, tuple_code
+from pallasgen.lowering.parts import LINE_LENGTH, parameter_list, partial_call, tuple_code
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
@@ -189,7 +189,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), 84)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),

@@ -20,6 +20,7 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    LINE_LENGTH,
     array_positions,
     dot_code,
     grid_names,
@@ -114,7 +115,7 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
         "call_sizes": tuple_code([sizes[d] for d in dims]),
-        "options_comment": tuple(textwrap.wrap(comment, 96)),
+        "options_comment": tuple(textwrap.wrap(comment, LINE_LENGTH - 4)),
     }
 
 
@@ -173,7 +174,7 @@ def comments_above(lines, indent: int = 4) -> tuple[str, ...]:
     out = []
     for line in lines:
         code, _, comment = line.partition("  # ")
-        if comment and indent + len(line) > 100 and "#" not in code and code.count('"') % 2 == 0:
+        if comment and indent + len(line) > LINE_LENGTH and "#" not in code and code.count('"') % 2 == 0:
             out += [f"{code[: len(code) - len(code.lstrip())]}# {comment}", code]
         else:
             out.append(line)
@@ -304,7 +305,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),

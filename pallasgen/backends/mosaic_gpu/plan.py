@@ -45,7 +45,14 @@ from pallasgen.backends.mosaic_gpu.support import (
 )
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
-from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
+from pallasgen.lowering.parts import (
+    LINE_LENGTH,
+    body_statements,
+    layout_of,
+    load_statements,
+    parameter_list,
+    tuple_code,
+)
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 from pallasgen.runtime.constants import GPU_BACKENDS  # the values `gpu_backend` takes
@@ -88,7 +95,7 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True) -> KeywordGr
             else f"This kernel has no GPU kernel (the module has no Triton kernels): {reason}."
         )
         first = "    " if with_triton else "  "  # under gpu_backend's line, or a line of its own
-        doc += textwrap.wrap(said, 88, initial_indent=first, subsequent_indent="    ")
+        doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent=first, subsequent_indent="    ")
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         doc += [
@@ -115,7 +122,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicG
     if reason:
         instead = "it runs on Triton" if with_triton else "without the triton target, it has no GPU kernel"
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): {instead}."
-        comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
+        comment = tuple(textwrap.wrap(refused, LINE_LENGTH - 14, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn
         return _plan_stages(lowered)
@@ -518,7 +525,7 @@ class _ProductPlanner(_Planner):
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
         return (
-            *textwrap.wrap(comment, 98, initial_indent="# ", subsequent_indent="# "),
+            *textwrap.wrap(comment, LINE_LENGTH - 2, initial_indent="# ", subsequent_indent="# "),
             f"{self.table_name} = {{{', '.join(rows)}}}",
         )
 

@@ -31,6 +31,7 @@ from pallasgen.backends.tpu.tiling import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    LINE_LENGTH,
     array_positions,
     dot_code,
     grid_names,
@@ -47,8 +48,6 @@ from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
-
-LINE_LENGTH = 100  # black's, for the generated code
 
 
 @dataclass(frozen=True)
