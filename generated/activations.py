@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -27,8 +33,6 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_tpu_blocks = rt.TpuBlocks(
     "leaky",
     sizes=("M", "N"),
@@ -39,10 +43,9 @@ _leaky_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`leaky` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) + let pos 4.0 MiB.
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -64,7 +67,6 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -74,15 +76,12 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`leaky` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -123,8 +122,7 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
 
 
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
-    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`leaky` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -169,13 +167,8 @@ def leaky(x, *, slope=0.01):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n: TPU blocks (None: as _leaky_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
@@ -195,8 +188,6 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_backward_tpu_blocks = rt.TpuBlocks(
     "leaky_backward",
     sizes=("M", "N"),
@@ -207,10 +198,9 @@ _leaky_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`leaky_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB. Blocks
-    # that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -232,7 +222,6 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -242,15 +231,12 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`leaky_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -288,8 +274,7 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
 
 
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`leaky_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -319,13 +304,8 @@ def leaky_backward(x, dy, *, slope=0.01):
     Args:
       x: f32[M, N].
       dy: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n: TPU blocks (None: as _leaky_backward_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -342,8 +322,6 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_tpu_blocks = rt.TpuBlocks(
     "bias_gelu",
     sizes=("M", "N"),
@@ -354,10 +332,9 @@ _bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`bias_gelu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB). Blocks
-    # that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB).
     return pl.pallas_call(
         _bias_gelu_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -383,7 +360,6 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
 
 def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -393,15 +369,12 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`bias_gelu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -444,8 +417,7 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
 
 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
-    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`bias_gelu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -493,12 +465,7 @@ def bias_gelu(x, bias, scale):
       x: bf16[M, N].
       bias: f32[N].
       scale: f32[M].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       y: bf16[M, N].
@@ -526,8 +493,6 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward",
     sizes=("M", "N"),
@@ -538,11 +503,10 @@ _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`bias_gelu_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
-    # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -569,7 +533,6 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
 
 def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -586,15 +549,12 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`bias_gelu_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -646,8 +606,7 @@ def _bias_gelu_backward_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx
 
 
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -684,12 +643,7 @@ def bias_gelu_backward(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       dx: bf16[M, N].
@@ -734,8 +688,6 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_m",
     sizes=("M", "N"),
@@ -746,11 +698,11 @@ _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`bias_gelu_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
-    # 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
@@ -780,7 +732,6 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
     bias = rt.load(bias_ref, inside)
@@ -811,15 +762,12 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -884,8 +832,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -927,12 +875,8 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_m_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dbias: f32[N].
@@ -980,8 +924,6 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
         dscale_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_n",
     sizes=("M", "N"),
@@ -992,11 +934,11 @@ _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`bias_gelu_backward_over_n` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
-    # 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
         # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
@@ -1026,7 +968,6 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 
 def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n):
     block_m, _ = dscale_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     scale = rt.load(scale_ref, inside)
@@ -1057,15 +998,12 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
     rt.store(dscale_ref, sum_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`bias_gelu_backward_over_n` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1130,8 +1068,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`bias_gelu_backward_over_n` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -1173,12 +1111,8 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_n_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dscale: f32[M].
@@ -1206,8 +1140,6 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_tpu_blocks = rt.TpuBlocks(
     "quantize_rows",
     sizes=("M", "N"),
@@ -1218,10 +1150,10 @@ _quantize_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
-    """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`quantize_rows` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
-    # let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # let rounded 4.0 MiB.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1244,7 +1176,6 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
 
 def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1255,15 +1186,12 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`quantize_rows` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1305,8 +1233,7 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
 
 
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
-    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`quantize_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
@@ -1343,12 +1270,7 @@ def quantize_rows(x, scale):
     Args:
       x: f32[M, N].
       scale: f32[M].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _quantize_rows_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       q: i8[M, N].

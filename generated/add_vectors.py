@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -26,8 +32,6 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_tpu_blocks = rt.TpuBlocks(
     "add_vectors",
     sizes=("N",),
@@ -38,10 +42,9 @@ _add_vectors_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
-    """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_vectors` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB).
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -63,7 +66,6 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
 
 def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     (block_n,) = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
     x = rt.load(x_ref, inside)
@@ -71,15 +73,12 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_vectors` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(_add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages))
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n),
@@ -114,8 +113,7 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`add_vectors` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
@@ -154,12 +152,7 @@ def add_vectors(x, y):
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
-        grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _add_vectors_tpu_blocks chooses; the spec's: 1048576).
 
     Returns:
       z: f32[N].
@@ -176,8 +169,6 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
     "add_vectors_backward",
     sizes=("N",),
@@ -188,10 +179,9 @@ _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
-    """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_vectors_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
     return pl.pallas_call(
         _add_vectors_backward_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -213,7 +203,6 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
 
 def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     (block_n,) = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
     dz = rt.load(dz_ref, inside)
@@ -221,15 +210,12 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_vectors_backward` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
@@ -266,8 +252,8 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`add_vectors_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_n = 256
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_n,))
@@ -295,12 +281,7 @@ def add_vectors_backward(dz):
 
     Args:
       dz: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _add_vectors_backward_tpu_blocks chooses; the spec's: 1048576).
 
     Returns:
       dx: f32[N]; dy: f32[N].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -121,8 +127,6 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_tpu_blocks = rt.TpuBlocks(
     "attention",
     sizes=("B", "H", "S", "D", "T"),
@@ -137,7 +141,7 @@ _attention_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -201,7 +205,6 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
 
 def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -259,15 +262,12 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -376,8 +376,7 @@ def _attention_mosaic_gpu_kernel(
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`attention` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -445,13 +444,8 @@ def attention(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -601,8 +595,6 @@ def _attention_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -617,7 +609,7 @@ _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -683,7 +675,6 @@ def _attention_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -745,17 +736,14 @@ def _attention_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_backward_dq_gpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -881,8 +869,8 @@ def _attention_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -952,13 +940,8 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       dlse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_backward_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -1135,8 +1118,6 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -1151,7 +1132,7 @@ _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret):
-    """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -1219,7 +1200,6 @@ def _attention_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -1278,17 +1258,14 @@ def _attention_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -1413,8 +1390,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -1479,13 +1456,8 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_backward_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -1641,8 +1613,6 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dq_tpu_blocks = rt.TpuBlocks(
     "attention_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -1657,7 +1627,7 @@ _attention_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -1722,7 +1692,6 @@ def _attention_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -1769,17 +1738,14 @@ def _attention_dq_gpu_kernel(
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -1889,8 +1855,7 @@ def _attention_dq_mosaic_gpu_kernel(
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`attention_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -1964,13 +1929,8 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -2137,8 +2097,6 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -2153,7 +2111,7 @@ _attention_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret):
-    """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -2221,7 +2179,6 @@ def _attention_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -2273,17 +2230,14 @@ def _attention_dkdv_gpu_kernel(
     rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -2401,8 +2355,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
-    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`attention_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -2473,13 +2426,8 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -2586,8 +2534,6 @@ def _attention_full_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_full_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
@@ -2599,11 +2545,10 @@ _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_full_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -2643,7 +2588,6 @@ def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block
 
 def _attention_full_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -2693,17 +2637,14 @@ def _attention_full_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_re
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_full_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_with_residuals_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -2804,8 +2745,8 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_full_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -2860,13 +2801,9 @@ def attention_full_with_residuals(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_with_residuals_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -2965,8 +2902,6 @@ def _attention_full_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref,
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_tpu_blocks = rt.TpuBlocks(
     "attention_full",
     sizes=("B", "H", "S", "D", "T"),
@@ -2978,11 +2913,10 @@ _attention_full_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_full` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
-    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -3016,7 +2950,6 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
 
 def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -3065,15 +2998,12 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, 
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_gpu(q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_full` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -3148,8 +3078,7 @@ def _attention_full_mosaic_gpu_kernel(
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`attention_full` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -3217,13 +3146,8 @@ def attention_full(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -3307,8 +3231,6 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -3323,11 +3245,10 @@ _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_full_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -3368,7 +3289,6 @@ def _attention_full_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -3405,17 +3325,14 @@ def _attention_full_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_full_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -3518,8 +3435,8 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_full_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -3585,13 +3502,9 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_backward_dq_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -3679,8 +3592,6 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -3697,11 +3608,10 @@ _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_full_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
@@ -3745,7 +3655,6 @@ def _attention_full_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     k = rt.load(k_ref, (in_t, in_d), other=0)
@@ -3787,17 +3696,14 @@ def _attention_full_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_full_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -3908,8 +3814,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_full_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -3974,13 +3880,9 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_full_backward_dkdv_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -4138,8 +4040,6 @@ def _attention_bottom_right_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
@@ -4154,7 +4054,7 @@ _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_bottom_right_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -4223,7 +4123,6 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -4282,17 +4181,14 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_bottom_right_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_with_residuals_gpu_options,
         (size_s, t, b, h, d),
@@ -4407,8 +4303,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_bottom_right_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -4468,13 +4364,9 @@ def attention_bottom_right_with_residuals(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_with_residuals_tpu_blocks chooses; the
+        spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -4615,8 +4507,6 @@ def _attention_bottom_right_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right",
     sizes=("B", "H", "S", "D", "T"),
@@ -4631,7 +4521,7 @@ _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_bottom_right` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -4690,7 +4580,6 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
 
 def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -4748,17 +4637,14 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_bottom_right` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -4842,8 +4728,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_bottom_right` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -4914,13 +4800,8 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -5064,8 +4945,6 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -5082,7 +4961,7 @@ _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
 def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_bottom_right_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -5150,7 +5029,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -5204,17 +5082,14 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_bottom_right_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dq_gpu_options,
         (size_s, t, b, h, d),
@@ -5336,8 +5211,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_bottom_right_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -5409,13 +5284,9 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_backward_dq_tpu_blocks chooses; the spec's:
+        128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -5594,8 +5465,6 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -5612,7 +5481,7 @@ _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`attention_bottom_right_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(
         _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
@@ -5683,7 +5552,6 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -5742,17 +5610,14 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
         (t, size_s, b, h, d),
@@ -5882,8 +5747,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`attention_bottom_right_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -5953,13 +5818,9 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_bottom_right_backward_dkdv_tpu_blocks chooses; the
+        spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -6065,8 +5926,6 @@ def _gqa_with_residuals_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, s
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
     "gqa_with_residuals",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -6081,11 +5940,10 @@ _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`gqa_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -6127,7 +5985,6 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
 
 def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -6175,15 +6032,12 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G, R, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_with_residuals_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`gqa_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_with_residuals_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6286,8 +6140,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`gqa_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -6344,12 +6197,7 @@ def gqa_with_residuals(q, k, v):
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_with_residuals_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
@@ -6428,8 +6276,6 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref,
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_tpu_blocks = rt.TpuBlocks(
     "gqa",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -6444,11 +6290,10 @@ _gqa_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`gqa` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B) +
-    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -6484,7 +6329,6 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
 
 def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -6531,15 +6375,12 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G, R, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`gqa` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6616,8 +6457,7 @@ def _gqa_mosaic_gpu_kernel(
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`gqa` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -6681,12 +6521,7 @@ def gqa(q, k, v):
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       o: bf16[B, G, R, S, D].
@@ -6761,8 +6596,6 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dq",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -6777,11 +6610,10 @@ _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`gqa_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -6827,7 +6659,6 @@ def _gqa_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -6864,17 +6695,14 @@ def _gqa_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G, R, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`gqa_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dq_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6982,8 +6810,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`gqa_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -7051,12 +6878,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
       o: bf16[B, G, R, S, D].
       do: bf16[B, G, R, S, D].
       lse: f32[B, G, R, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_backward_dq_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
@@ -7147,8 +6969,6 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dkdv",
     sizes=("B", "G", "R", "T", "D", "S"),
@@ -7163,11 +6983,10 @@ _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
-    """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`gqa_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
-    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
         # One step per element of B, element of G, element of R, block of T, block of S (D taken whole). Steps along B,
@@ -7216,7 +7035,6 @@ def _gqa_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *, t, d, size_s, block_s
 ):
     block_t, block_d = dk_r_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     k = rt.load(k_ref, (in_t, in_d), other=0)
@@ -7258,17 +7076,14 @@ def _gqa_backward_dkdv_gpu_kernel(
     rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, G, R, D) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, G, R, D).
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`gqa_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dkdv_gpu_options, (t, size_s, b, g, r, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -7382,8 +7197,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
-    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`gqa_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -7445,12 +7259,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
       do: bf16[B, G, R, S, D].
       lse: f32[B, G, R, S].
       delta: f32[B, G, R, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_t, block_s: TPU blocks (None: as _gqa_backward_dkdv_tpu_blocks chooses; the spec's: 256, 128).
 
     Returns:
       dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
@@ -7514,8 +7323,6 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_over_r",
     sizes=("B", "G", "R", "T", "D"),
@@ -7529,13 +7336,12 @@ _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
-    """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`gqa_backward_over_r` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_g, block_t = rt.tpu_blocks(
         _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
     )
     # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
-    # 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a block 1.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a block 1.0 KiB.
     return pl.pallas_call(
         _gqa_backward_over_r_kernel,
         # One step per block of B, block of G, block of T (R, D taken whole); steps are independent, so every axis is
@@ -7573,7 +7379,6 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
 
 def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, t, d, r, block_r):
     block_b, block_g, _, block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -7586,17 +7391,15 @@ def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g,
     rt.store(dv_ref, jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, G, T, D, R) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_b, block_g, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, G,
+# T, D, R).
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
 
 
 def _gqa_backward_over_r_gpu(
     dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, block_d, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`gqa_backward_over_r` on an NVIDIA GPU, by Triton."""
     block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _gqa_backward_over_r_gpu_options, (b, g, t, d, r), (block_b, block_g, block_t, block_d, num_warps, num_stages)
     )
@@ -7668,8 +7471,7 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *
 
 
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
-    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`gqa_backward_over_r` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_d = 64, 128
     padded_t, padded_d = t + -t % 8, d + -d % block_d
     dk_r, dv_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d)), rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
@@ -7704,12 +7506,8 @@ def gqa_backward_over_r(dk_r, dv_r):
     Args:
       dk_r: f32[B, G, R, T, D].
       dv_r: f32[B, G, R, T, D].
-      block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 1, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_b, block_g, block_t: TPU blocks (None: as _gqa_backward_over_r_tpu_blocks chooses; the spec's: 1, 1,
+        256).
 
     Returns:
       dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
@@ -7749,8 +7547,6 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax",
     sizes=("M", "N", "K"),
@@ -7765,10 +7561,10 @@ _matmul_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    """`matmul_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_softmax` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
     # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + acc_k_ref
-    # 512 B. Blocks that need more than Mosaic's default raise the limit.
+    # 512 B.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent (parallel); steps along K
@@ -7795,7 +7591,6 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
 
 def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
 
@@ -7817,15 +7612,12 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension:
-# one masked block).
+# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
-    """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_softmax` on an NVIDIA GPU, by Triton."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
     )
@@ -7873,17 +7665,15 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -7969,8 +7759,8 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
 
 
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
-    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
@@ -7986,8 +7776,7 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
 
 
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
-    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in turn, the
-    arrays between them in global memory."""
+    """`matmul_softmax` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global memory."""
     acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
     y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
@@ -8024,12 +7813,7 @@ def matmul_softmax(x, w):
     Args:
       x: bf16[M, K].
       w: bf16[K, N].
-      block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k: TPU blocks (None: as _matmul_softmax_tpu_blocks chooses; the spec's: 128, 512).
 
     Returns:
       y: f32[M, N].
@@ -8059,8 +7843,6 @@ def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward",
     sizes=("M", "N"),
@@ -8071,10 +7853,10 @@ _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
-    """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's 32-bit
-    # copy of a block 512 B. Blocks that need more than Mosaic's default raise the limit.
+    # copy of a block 512 B.
     return pl.pallas_call(
         _matmul_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -8096,7 +7878,6 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
 
 def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     block_m, block_n = dacc_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -8109,15 +7890,12 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -8185,8 +7963,8 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buf
 
 
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -8216,12 +7994,7 @@ def matmul_softmax_backward(y, dy):
     Args:
       y: f32[M, N].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _matmul_softmax_backward_tpu_blocks chooses; the spec's: 128).
 
     Returns:
       dacc: bf16[M, N].
@@ -8259,8 +8032,6 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_x",
     sizes=("M", "K", "N"),
@@ -8274,12 +8045,12 @@ _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_softmax_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_softmax_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0 KiB) + f32 accumulator
-    # 256.0 KiB + f32 product step 256.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 256.0 KiB + f32 product step 256.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -8306,7 +8077,6 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
 
 def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -8322,15 +8092,12 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_softmax_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -8376,17 +8143,15 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_x_mosaic_gpu(
     dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_softmax_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_softmax_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -8428,13 +8193,9 @@ def matmul_softmax_backward_x(dacc, w):
     Args:
       dacc: bf16[M, N].
       w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
-        else 128, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_softmax_backward_x_tpu_blocks chooses; the spec's:
+        128, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -8468,8 +8229,6 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_w",
     sizes=("K", "N", "M"),
@@ -8483,12 +8242,12 @@ _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_softmax_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_softmax_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0 KiB) + f32 accumulator
-    # 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -8515,7 +8274,6 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
 
 def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -8531,15 +8289,12 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_softmax_backward_w` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -8585,17 +8340,15 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_w_mosaic_gpu(
     x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_softmax_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_softmax_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -8636,13 +8389,9 @@ def matmul_softmax_backward_w(x, dacc):
     Args:
       x: bf16[M, K].
       dacc: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
-        else 512, 512, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_softmax_backward_w_tpu_blocks chooses; the spec's:
+        512, 512, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -8664,8 +8413,6 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     ).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul",
     sizes=("M", "N", "K"),
@@ -8684,10 +8431,9 @@ _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
-    """`rmsnorm_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
     # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, k=k),
         # One step per block of M, block of N (K taken whole); steps are independent, so every axis is parallel.
@@ -8713,7 +8459,6 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
 
 def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     in_k = rt.inside(0, block_k, k)
@@ -8734,15 +8479,12 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
-# the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension:
-# one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
@@ -8817,8 +8559,8 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers
 
 
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
-    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `rmsnorm_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -8859,17 +8601,15 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `rmsnorm_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -8891,8 +8631,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 
 
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in turn, the
-    arrays between them in global memory."""
+    """`rmsnorm_matmul` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global memory."""
     lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
     y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
@@ -8931,12 +8670,7 @@ def rmsnorm_matmul(x, g, w):
       x: bf16[M, K].
       g: f32[K].
       w: bf16[K, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _rmsnorm_matmul_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       y: bf16[M, N].
@@ -8979,8 +8713,6 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs",
     sizes=("M", "K"),
@@ -8991,11 +8723,10 @@ _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul_lhs` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB) +
-    # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -9025,7 +8756,6 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
 
 def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     block_m, block_k = lhs_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -9037,15 +8767,12 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul_lhs` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -9131,8 +8858,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`rmsnorm_matmul_lhs` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -9165,12 +8891,7 @@ def rmsnorm_matmul_lhs(x, g):
     Args:
       x: bf16[M, K].
       g: f32[K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       lhs: bf16[M, K]; mean_k: f32[M].
@@ -9214,8 +8935,6 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
         dlhs_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_lhs",
     sizes=("M", "K", "N"),
@@ -9229,12 +8948,12 @@ _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`rmsnorm_matmul_backward_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul_backward_lhs` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
-    # 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -9261,7 +8980,6 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
 
 def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n, block_n):
     block_m, block_k = dlhs_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -9277,15 +8995,12 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n,
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_lhs_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -9331,17 +9046,15 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rmsnorm_matmul_backward_lhs` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -9383,13 +9096,9 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     Args:
       dy: bf16[M, N].
       w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _rmsnorm_matmul_backward_lhs_tpu_blocks chooses; the
+        spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlhs: bf16[M, K].
@@ -9423,8 +9132,6 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_w",
     sizes=("K", "N", "M"),
@@ -9438,12 +9145,12 @@ _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`rmsnorm_matmul_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
-    # 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -9470,7 +9177,6 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
 
 def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -9486,15 +9192,12 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -9540,17 +9243,15 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_w_mosaic_gpu(
     lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rmsnorm_matmul_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -9591,13 +9292,9 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     Args:
       lhs: bf16[M, K].
       dy: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
-        else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _rmsnorm_matmul_backward_w_tpu_blocks chooses; the spec's:
+        512, 512, 256).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -9622,8 +9319,6 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward",
     sizes=("M", "K"),
@@ -9634,12 +9329,11 @@ _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul_lhs_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
     # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let
-    # dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -9665,7 +9359,6 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
 
 def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -9683,15 +9376,12 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -9789,8 +9479,8 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rmsnorm_matmul_lhs_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -9832,12 +9522,7 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
       g: f32[K].
       mean_k: f32[M].
       dlhs: bf16[M, K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       dx: bf16[M, K].
@@ -9883,8 +9568,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
         dg_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward_over_m",
     sizes=("M", "K"),
@@ -9895,11 +9578,11 @@ _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
     # + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB
-    # + let dlhs_1 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # + let dlhs_1 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).
@@ -9925,7 +9608,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m):
     _, block_k = dg_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     inside = rt.mask((1, block_k), None, in_k)
 
@@ -9954,17 +9636,14 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
     rt.store(dg_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_over_m_gpu_options, (m, k), (block_m, block_k, num_warps, num_stages)
     )
@@ -10025,8 +9704,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rmsnorm_matmul_lhs_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
@@ -10062,12 +9741,7 @@ def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
       x: bf16[M, K].
       mean_k: f32[M].
       dlhs: bf16[M, K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       dg: f32[K].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -39,8 +45,6 @@ def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, 
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_tpu_blocks = rt.TpuBlocks(
     "giou",
     sizes=("B", "N"),
@@ -51,12 +55,11 @@ _giou_tpu_blocks = rt.TpuBlocks(
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
-    """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`giou` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let
-    # inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB. Blocks that need
-    # more than Mosaic's default raise the limit.
+    # inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -88,7 +91,6 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
 
 def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, b, n, eps):
     block_b, block_n = giou_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
@@ -110,15 +112,12 @@ def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_r
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret):
-    """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`giou` on an NVIDIA GPU, by Triton."""
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -176,8 +175,7 @@ def _giou_mosaic_gpu_kernel(
 
 
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
-    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`giou` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_b, block_n = 64, 64
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
@@ -242,13 +240,8 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
       by1: f32[B, N].
       bx2: f32[B, N].
       by2: f32[B, N].
-      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_n: TPU blocks (None: as _giou_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       giou: f32[B, N].
@@ -383,8 +376,6 @@ def _giou_backward_kernel(
     )
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_backward_tpu_blocks = rt.TpuBlocks(
     "giou_backward",
     sizes=("B", "N"),
@@ -395,7 +386,7 @@ _giou_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
-    """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`giou_backward` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB +
@@ -408,8 +399,7 @@ def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, b
     # let dgiou_2 1.0 MiB + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0 MiB + let
     # dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB + let
     # dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0
-    # MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -482,7 +472,6 @@ def _giou_backward_gpu_kernel(
     eps,
 ):
     block_b, block_n = dax1_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
@@ -598,17 +587,14 @@ def _giou_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _giou_backward_gpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret
 ):
-    """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`giou_backward` on an NVIDIA GPU, by Triton."""
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -820,8 +806,7 @@ def _giou_backward_mosaic_gpu_kernel(
 
 
 def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret):
-    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`giou_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_b, block_n = 64, 32
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
@@ -899,13 +884,8 @@ def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
       bx2: f32[B, N].
       by2: f32[B, N].
       dgiou: f32[B, N].
-      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_n: TPU blocks (None: as _giou_backward_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -65,8 +71,6 @@ def _cross_entropy_with_residuals_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_with_residuals",
     sizes=("M", "V"),
@@ -77,11 +81,10 @@ _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`cross_entropy_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
-    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB. Blocks
-    # that need more than Mosaic's default raise the limit.
+    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
         # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
@@ -120,7 +123,6 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
 
 def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     label = rt.load(label_ref, inside)
@@ -160,15 +162,12 @@ def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, lo
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`cross_entropy_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -257,8 +256,8 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
@@ -293,12 +292,8 @@ def cross_entropy_with_residuals(logits, label):
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_with_residuals_tpu_blocks chooses; the spec's: 16,
+        2048).
 
     Returns:
       loss: f32[M]; logsumexp_v: f32[M].
@@ -353,8 +348,6 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_tpu_blocks = rt.TpuBlocks(
     "cross_entropy",
     sizes=("M", "V"),
@@ -365,11 +358,10 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`cross_entropy` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's
-    # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
         # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
@@ -400,7 +392,6 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
 
 def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     label = rt.load(label_ref, inside)
@@ -436,15 +427,12 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`cross_entropy` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -511,8 +499,7 @@ def _cross_entropy_mosaic_gpu_kernel(
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
@@ -561,12 +548,7 @@ def cross_entropy(logits, label):
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_tpu_blocks chooses; the spec's: 16, 2048).
 
     Returns:
       loss: f32[M].
@@ -598,8 +580,6 @@ def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_backward",
     sizes=("M", "V"),
@@ -610,11 +590,10 @@ _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`cross_entropy_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
-    # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is parallel.
@@ -643,7 +622,6 @@ def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, bloc
 
 def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v):
     block_m, block_v = dlogits_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
     inside = rt.mask((block_m, block_v), in_m, in_v)
@@ -657,17 +635,14 @@ def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, d
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
-    """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`cross_entropy_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -718,8 +693,8 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`cross_entropy_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % 8, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
@@ -757,12 +732,7 @@ def cross_entropy_backward(logits, label, logsumexp_v, dloss):
       label: i32[M].
       logsumexp_v: f32[M].
       dloss: f32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_backward_tpu_blocks chooses; the spec's: 16, 2048).
 
     Returns:
       dlogits: bf16[M, V].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -39,8 +45,6 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_tpu_blocks = rt.TpuBlocks(
     "matmul",
     sizes=("M", "N", "K"),
@@ -54,10 +58,10 @@ _matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
-    # f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -84,7 +88,6 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -100,15 +103,12 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -152,15 +152,12 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -207,13 +204,8 @@ def matmul(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_tpu_blocks chooses; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -249,8 +241,6 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_x",
     sizes=("M", "K", "N"),
@@ -260,10 +250,10 @@ _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(_matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
-    # + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -290,7 +280,6 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -306,15 +295,12 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -360,15 +346,12 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -404,13 +387,9 @@ def matmul_backward_x(dz, y):
     Args:
       dz: f32[M, N].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_backward_x_tpu_blocks chooses; the spec's: 512,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
@@ -439,8 +418,6 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
         dy_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_y",
     sizes=("K", "N", "M"),
@@ -450,10 +427,10 @@ _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(_matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -480,7 +457,6 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
 
 def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -496,15 +472,12 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     rt.store(dy_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -550,15 +523,12 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret):
-    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -596,13 +566,9 @@ def matmul_backward_y(x, dz):
     Args:
       x: f32[M, K].
       dz: f32[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
-        else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_backward_y_tpu_blocks chooses; the spec's: 1024,
+        1024, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
@@ -633,8 +599,6 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_with_residuals",
     sizes=("M", "N", "K"),
@@ -648,12 +612,12 @@ _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_relu_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
-    # accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -684,7 +648,6 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
 
 def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -702,15 +665,12 @@ def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_relu_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -764,17 +724,15 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_relu_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -824,13 +782,9 @@ def matmul_relu_with_residuals(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_with_residuals_tpu_blocks chooses; the
+        spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N]; acc: f32[M, N].
@@ -860,8 +814,6 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_tpu_blocks = rt.TpuBlocks(
     "matmul_relu",
     sizes=("M", "N", "K"),
@@ -875,10 +827,10 @@ _matmul_relu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_relu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) + f32 accumulator 512.0
-    # KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -905,7 +857,6 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -921,15 +872,12 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_relu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -973,15 +921,12 @@ def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_relu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -1033,13 +978,9 @@ def matmul_relu(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_tpu_blocks chooses; the spec's: 256, 512,
+        512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -1079,8 +1020,6 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
         dx_ref[...] = acc_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_x",
     sizes=("M", "K", "N"),
@@ -1095,12 +1034,12 @@ _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_relu_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) +
-    # acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # acc_n_ref 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -1128,7 +1067,6 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
 
 def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
@@ -1154,15 +1092,12 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_relu_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -1202,8 +1137,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, 
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -1243,17 +1178,15 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -1281,8 +1214,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
-    turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     lhs = _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_relu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -1305,12 +1238,8 @@ def matmul_relu_backward_x(acc, dz, y):
       acc: f32[M, N].
       dz: f32[M, N].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_relu_backward_x_tpu_blocks chooses; the spec's:
+        256, 512, 512).
 
     Returns:
       dx: f32[M, K].
@@ -1356,8 +1285,6 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
         dy_ref[...] = acc_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_y",
     sizes=("K", "N", "M"),
@@ -1372,12 +1299,12 @@ _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_relu_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) +
-    # acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # acc_m_ref 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -1405,7 +1332,6 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
 
 def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
 
@@ -1431,15 +1357,12 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_relu_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -1479,8 +1402,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, 
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -1520,17 +1443,15 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -1560,8 +1481,8 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
-    turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     rhs = _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_relu_backward_y_stage_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
@@ -1584,12 +1505,8 @@ def matmul_relu_backward_y(acc, dz, x):
       acc: f32[M, N].
       dz: f32[M, N].
       x: f32[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_relu_backward_y_tpu_blocks chooses; the spec's:
+        512, 512, 256).
 
     Returns:
       dy: f32[K, N].
@@ -1635,8 +1552,6 @@ def _matmul_bias_gelu_with_residuals_kernel(x_ref, y_ref, bias_ref, z_ref, acc_r
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_with_residuals",
     sizes=("M", "N", "K"),
@@ -1650,13 +1565,12 @@ _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_bias_gelu_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -1690,7 +1604,6 @@ def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_
 
 def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1709,17 +1622,14 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, a
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -1776,17 +1686,15 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_bias_gelu_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -1838,13 +1746,9 @@ def matmul_bias_gelu_with_residuals(x, y, bias):
       x: bf16[M, K].
       y: bf16[K, N].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_with_residuals_tpu_blocks chooses; the
+        spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N]; acc: f32[M, N].
@@ -1881,8 +1785,6 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu",
     sizes=("M", "N", "K"),
@@ -1900,10 +1802,10 @@ _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_bias_gelu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -1933,7 +1835,6 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
 
 def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1950,15 +1851,12 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, bloc
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_bias_gelu_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_bias_gelu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -2007,17 +1905,14 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_bias_gelu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -2074,13 +1969,9 @@ def matmul_bias_gelu(x, y, bias):
       x: bf16[M, K].
       y: bf16[K, N].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_tpu_blocks chooses; the spec's: 512,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N].
@@ -2127,8 +2018,6 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_x",
     sizes=("M", "K", "N"),
@@ -2147,12 +2036,12 @@ _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_bias_gelu_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
-    # MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -2183,7 +2072,6 @@ def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, bloc
 
 def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
@@ -2215,17 +2103,14 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -2276,8 +2161,8 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2318,17 +2203,15 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -2356,8 +2239,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages
-    in turn, the arrays between them in global memory."""
+    """`matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -2386,12 +2269,8 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
       bias: f32[N].
       dz: bf16[M, N].
       y: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_bias_gelu_backward_x_tpu_blocks chooses; the
+        spec's: 512, 1024, 1024).
 
     Returns:
       dx: bf16[M, K].
@@ -2458,8 +2337,6 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_y",
     sizes=("K", "N", "M"),
@@ -2478,13 +2355,12 @@ _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_bias_gelu_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
-    # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N are independent (parallel); steps along K, M
@@ -2524,7 +2400,6 @@ def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, bloc
 
 def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     bias = rt.load(bias_ref, (None, in_n), other=0)
@@ -2566,17 +2441,14 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy
     rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -2645,8 +2517,8 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2696,8 +2568,8 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(acc_ref, bias_ref, dz
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2738,17 +2610,15 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 3 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -2777,8 +2647,8 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages
-    in turn, the arrays between them in global memory."""
+    """`matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
@@ -2808,12 +2678,8 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
       bias: f32[N].
       dz: bf16[M, N].
       x: bf16[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_bias_gelu_backward_y_tpu_blocks chooses; the
+        spec's: 1024, 1024, 512).
 
     Returns:
       dy: bf16[K, N]; dbias: f32[N].
@@ -2864,8 +2730,6 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_int8_tpu_blocks = rt.TpuBlocks(
     "matmul_int8",
     sizes=("M", "N", "K"),
@@ -2875,10 +2739,10 @@ _matmul_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`matmul_int8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
-    # + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # + i32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -2905,7 +2769,6 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -2921,15 +2784,12 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`matmul_int8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), (16, 16, 32)
     )
@@ -2973,15 +2833,12 @@ def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
 def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`matmul_int8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -3025,13 +2882,9 @@ def matmul_int8(x, y):
     Args:
       x: i8[M, K].
       y: i8[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_int8_tpu_blocks chooses; the spec's: 512, 1024,
+        1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -3068,8 +2921,6 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _batched_matmul_tpu_blocks = rt.TpuBlocks(
     "batched_matmul",
     sizes=("B", "M", "N", "K"),
@@ -3083,10 +2934,10 @@ _batched_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
-    """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`batched_matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
-    # f32 product step 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are independent (parallel);
@@ -3113,7 +2964,6 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
 
 def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -3129,15 +2979,12 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K, B).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`batched_matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _batched_matmul_gpu_options, (m, n, k, b), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -3184,15 +3031,12 @@ def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *,
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (B, M, N, K).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`batched_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -3240,13 +3084,9 @@ def batched_matmul(x, y):
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _batched_matmul_tpu_blocks chooses; the spec's: 512, 1024,
+        1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[B, M, N].
@@ -3285,8 +3125,6 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_x",
     sizes=("B", "M", "K", "N"),
@@ -3301,12 +3139,11 @@ _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`batched_matmul_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are independent (parallel);
@@ -3333,7 +3170,6 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
 
 def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
 
@@ -3358,15 +3194,12 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N, B).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`batched_matmul_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_x_gpu_options, (m, k, n, b), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -3404,8 +3237,8 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `batched_matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
@@ -3447,17 +3280,15 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (B, M, K, N).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `batched_matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -3485,8 +3316,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
-    turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     lhs = _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((b, m, n))
     dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
@@ -3508,12 +3339,8 @@ def batched_matmul_backward_x(dz, y):
     Args:
       dz: f32[B, M, N].
       y: bf16[B, K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _batched_matmul_backward_x_tpu_blocks chooses; the spec's:
+        512, 1024, 1024).
 
     Returns:
       dx: bf16[B, M, K].
@@ -3559,8 +3386,6 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_y",
     sizes=("B", "K", "N", "M"),
@@ -3575,12 +3400,11 @@ _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`batched_matmul_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + acc_m_ref 4.0 MiB.
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are independent (parallel);
@@ -3607,7 +3431,6 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
 
 def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
 
@@ -3632,15 +3455,12 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K, N, M, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M, B).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`batched_matmul_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_y_gpu_options, (k, n, m, b), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -3678,8 +3498,8 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `batched_matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
@@ -3721,17 +3541,15 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (B, K, N, M).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `batched_matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
+    outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -3760,8 +3578,8 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its stages in
-    turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
+    memory."""
     rhs = _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((b, m, n))
     dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
@@ -3783,12 +3601,8 @@ def batched_matmul_backward_y(dz, x):
     Args:
       dz: f32[B, M, N].
       x: bf16[B, M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _batched_matmul_backward_y_tpu_blocks chooses; the spec's:
+        1024, 1024, 512).
 
     Returns:
       dy: bf16[B, K, N].
@@ -3819,8 +3633,6 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     s_ref[...] = acc * scale
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_tpu_blocks = rt.TpuBlocks(
     "scores",
     sizes=("B", "S", "T", "D"),
@@ -3830,10 +3642,9 @@ _scores_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
-    """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`scores` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB). Blocks that
-    # need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are independent, so every axis is
@@ -3861,7 +3672,6 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
 
 def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     block_s, block_t = s_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     inside = rt.mask((block_s, block_t), in_s, in_t)
@@ -3877,15 +3687,12 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     rt.store(s_ref, acc * scale, inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, D, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_s, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, D, B).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
-    """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`scores` on an NVIDIA GPU, by Triton."""
     block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _scores_gpu_options, (size_s, t, d, b), (block_s, block_t, block_d, num_warps, num_stages), 16
     )
@@ -3932,17 +3739,14 @@ def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_s, block_t, block_d, stages by GPU kind (None: built in) and sizes (B, S, T, D).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_mosaic_gpu(
     q, k, *, b, size_s, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
 ):
-    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`scores` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
@@ -3992,14 +3796,9 @@ def scores(q, k, *, scale=0.125):
     Args:
       q: bf16[B, S, D].
       k: bf16[B, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
-        else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _scores_tpu_blocks chooses; the spec's: 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[B, S, T].
@@ -4017,8 +3816,6 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
     "scores_backward_epilogue",
     sizes=("B", "S", "T"),
@@ -4029,12 +3826,11 @@ _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
-    """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`scores_backward_epilogue` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
-    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
         # One step per block of B, block of S, block of T; steps are independent, so every axis is parallel.
@@ -4056,7 +3852,6 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
 
 def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     block_b, block_s, block_t = dacc_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -4065,15 +3860,12 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, S, T) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_b, block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, S, T).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
 def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`scores_backward_epilogue` on an NVIDIA GPU, by Triton."""
     block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_epilogue_gpu_options, (b, s, t), (block_b, block_s, block_t, num_warps, num_stages)
     )
@@ -4106,8 +3898,8 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_epilogue` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_s, block_t = 64, 128
     padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
@@ -4136,13 +3928,9 @@ def scores_backward_epilogue(ds, *, scale=0.125):
 
     Args:
       ds: f32[B, S, T].
-      block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_s, block_t: TPU blocks (None: as _scores_backward_epilogue_tpu_blocks chooses; the spec's:
+        1, 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[B, S, T].
@@ -4175,8 +3963,6 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
         dq_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_q_tpu_blocks = rt.TpuBlocks(
     "scores_backward_q",
     sizes=("B", "S", "D", "T"),
@@ -4190,10 +3976,10 @@ _scores_backward_q_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
-    """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`scores_backward_q` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_d, block_t = rt.tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
-    # 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
         # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are independent (parallel);
@@ -4220,7 +4006,6 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
 
 def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
     inside = rt.mask((block_s, block_d), in_s, in_d)
@@ -4236,15 +4021,12 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, D, T, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_s, block_d, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, D, T, B).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
-    """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`scores_backward_q` on an NVIDIA GPU, by Triton."""
     block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_q_gpu_options, (s, d, t, b), (block_s, block_d, block_t, num_warps, num_stages), 16
     )
@@ -4293,17 +4075,14 @@ def _scores_backward_q_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_s, block_d, block_t, stages by GPU kind (None: built in) and sizes (B, S, D, T).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_q` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
@@ -4339,13 +4118,9 @@ def scores_backward_q(dacc, k):
     Args:
       dacc: bf16[B, S, T].
       k: bf16[B, T, D].
-      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
-        else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_d, block_t: TPU blocks (None: as _scores_backward_q_tpu_blocks chooses; the spec's: 128,
+        128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, S, D].
@@ -4379,8 +4154,6 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
         dk_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_k_tpu_blocks = rt.TpuBlocks(
     "scores_backward_k",
     sizes=("B", "T", "D", "S"),
@@ -4394,10 +4167,10 @@ _scores_backward_k_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
-    """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`scores_backward_k` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_d, block_s = rt.tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
-    # 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
         # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are independent (parallel);
@@ -4425,7 +4198,6 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
 
 def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
     inside = rt.mask((block_t, block_d), in_t, in_d)
@@ -4441,15 +4213,12 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, D, S, B) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks
-# (a small dimension: one masked block).
+# Triton's block_t, block_d, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, D, S, B).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
-    """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`scores_backward_k` on an NVIDIA GPU, by Triton."""
     block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
         _scores_backward_k_gpu_options, (t, d, s, b), (block_t, block_d, block_s, num_warps, num_stages), 16
     )
@@ -4498,17 +4267,14 @@ def _scores_backward_k_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_t, block_d, block_s, stages by GPU kind (None: built in) and sizes (B, T, D, S).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`scores_backward_k` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
@@ -4545,13 +4311,9 @@ def scores_backward_k(dacc, q):
     Args:
       dacc: bf16[B, S, T].
       q: bf16[B, S, D].
-      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
-        else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_d, block_s: TPU blocks (None: as _scores_backward_k_tpu_blocks chooses; the spec's: 128,
+        128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, T, D].
@@ -4591,8 +4353,6 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_tpu_blocks = rt.TpuBlocks(
     "linear",
     sizes=("M", "N", "K"),
@@ -4606,10 +4366,10 @@ _linear_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`linear` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -4639,7 +4399,6 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -4656,15 +4415,12 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`linear` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -4713,15 +4469,12 @@ def _linear_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`linear` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -4774,13 +4527,8 @@ def linear(x, w, bias):
       x: bf16[M, K].
       w: bf16[N, K].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _linear_tpu_blocks chooses; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -4814,8 +4562,6 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "linear_backward_over_m",
     sizes=("M", "N"),
@@ -4826,10 +4572,10 @@ _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
-    """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`linear_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0
-    # MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
@@ -4852,7 +4598,6 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
 
 def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -4875,15 +4620,12 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`linear_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -4928,8 +4670,8 @@ def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, 
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`linear_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -4958,12 +4700,8 @@ def linear_backward_over_m(dy):
 
     Args:
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _linear_backward_over_m_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dbias: f32[N].
@@ -5000,8 +4738,6 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_x_tpu_blocks = rt.TpuBlocks(
     "linear_backward_x",
     sizes=("M", "K", "N"),
@@ -5011,10 +4747,10 @@ _linear_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`linear_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(_linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -5041,7 +4777,6 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -5057,15 +4792,12 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`linear_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -5111,15 +4843,12 @@ def _linear_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`linear_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -5155,13 +4884,9 @@ def linear_backward_x(dy, w):
     Args:
       dy: bf16[M, N].
       w: bf16[N, K].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _linear_backward_x_tpu_blocks chooses; the spec's: 1024,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -5195,8 +4920,6 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else its
-# default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_w_tpu_blocks = rt.TpuBlocks(
     "linear_backward_w",
     sizes=("N", "K", "M"),
@@ -5206,10 +4929,10 @@ _linear_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
-    """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`linear_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_n, block_k, block_m = rt.tpu_blocks(_linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent (parallel); steps along M
@@ -5236,7 +4959,6 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
 
 def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     block_n, block_k = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_n, block_k), in_n, in_k)
@@ -5252,15 +4974,12 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json
-# file), the nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small
-# dimension: one masked block).
+# Triton's block_n, block_k, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N, K, M).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
-    """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`linear_backward_w` on an NVIDIA GPU, by Triton."""
     block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
         _linear_backward_w_gpu_options, (n, k, m), (block_n, block_k, block_m, num_warps, num_stages), 16
     )
@@ -5306,15 +5025,12 @@ def _linear_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes none, by device
-# kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's
-# .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_n, block_k, block_m, stages by GPU kind (None: built in) and sizes (N, K, M).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret):
-    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`linear_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
@@ -5351,13 +5067,9 @@ def linear_backward_w(dy, x):
     Args:
       dy: bf16[M, N].
       x: bf16[M, K].
-      block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_n, block_k, block_m: TPU blocks (None: as _linear_backward_w_tpu_blocks chooses; the spec's: 1024,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[N, K].

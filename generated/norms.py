@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -35,8 +41,6 @@ def _layer_norm_with_residuals_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_r
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "layer_norm_with_residuals",
     sizes=("M", "N"),
@@ -47,11 +51,11 @@ _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`layer_norm_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
     # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
-    # B. Blocks that need more than Mosaic's default raise the limit.
+    # B.
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -86,7 +90,6 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
 
 def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -104,15 +107,12 @@ def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rs
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`layer_norm_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -246,8 +246,8 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -299,13 +299,8 @@ def layer_norm_with_residuals(x, w, b, *, eps=1e-05):
       x: bf16[M, N].
       w: f32[N].
       b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
@@ -339,8 +334,6 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_tpu_blocks = rt.TpuBlocks(
     "layer_norm",
     sizes=("M", "N"),
@@ -351,11 +344,10 @@ _layer_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`layer_norm` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
-    # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B. Blocks
-    # that need more than Mosaic's default raise the limit.
+    # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -388,7 +380,6 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
 
 def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -404,15 +395,12 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`layer_norm` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -526,8 +514,7 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -594,13 +581,8 @@ def layer_norm(x, w, b, *, eps=1e-05):
       x: bf16[M, N].
       w: f32[N].
       b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
@@ -646,8 +628,6 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward",
     sizes=("M", "N"),
@@ -658,13 +638,12 @@ _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
-    """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`layer_norm_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
     # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
     # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
-    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -698,7 +677,6 @@ def _layer_norm_backward_gpu_kernel(
     x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, eps
 ):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -723,17 +701,14 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
-    """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`layer_norm_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -901,8 +876,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret):
-    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -959,13 +933,8 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
       dy: bf16[M, N].
       dmu: f32[M].
       drstd: f32[M].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -1027,8 +996,6 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward_over_m",
     sizes=("M", "N"),
@@ -1039,11 +1006,11 @@ _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
-    """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`layer_norm_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
     # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
-    # y_1 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # y_1 64 B + let dy_1 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -1076,7 +1043,6 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
 
 def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m):
     _, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -1114,15 +1080,12 @@ def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_r
     rt.store(db_ref, sum_over_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`layer_norm_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1198,8 +1161,8 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`layer_norm_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
@@ -1237,12 +1200,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
       mu: f32[M].
       rstd: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _layer_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
 
     Returns:
       dw: f32[N]; db: f32[N].
@@ -1271,8 +1229,6 @@ def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "rms_norm_with_residuals",
     sizes=("M", "N"),
@@ -1283,10 +1239,10 @@ _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rms_norm_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
-    # 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32-bit copy of a block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1316,7 +1272,6 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1328,15 +1283,12 @@ def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rms_norm_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1422,8 +1374,8 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1457,13 +1409,8 @@ def rms_norm_with_residuals(x, w, *, eps=1e-06):
     Args:
       x: bf16[M, N].
       w: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mean_n: f32[M].
@@ -1485,8 +1432,6 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_tpu_blocks = rt.TpuBlocks(
     "rms_norm",
     sizes=("M", "N"),
@@ -1497,10 +1442,10 @@ _rms_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rms_norm` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) + mean's 32-bit copy of a
-    # block 64 B + let h 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1524,7 +1469,6 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1540,15 +1484,12 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rms_norm` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1620,8 +1561,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`rms_norm` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1667,13 +1607,8 @@ def rms_norm(x, w, *, eps=1e-06):
     Args:
       x: bf16[M, N].
       w: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -1702,8 +1637,6 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward",
     sizes=("M", "N"),
@@ -1714,11 +1647,11 @@ _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rms_norm_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
-    # dy_3 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # dy_3 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1744,7 +1677,6 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, eps):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1762,15 +1694,12 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rms_norm_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1868,8 +1797,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1912,13 +1840,8 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
       w: f32[N].
       mean_n: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -1964,8 +1887,6 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
         dw_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward_over_m",
     sizes=("M", "N"),
@@ -1976,11 +1897,10 @@ _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`rms_norm_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
-    # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B. Blocks that
-    # need more than Mosaic's default raise the limit.
+    # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -2006,7 +1926,6 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
 
 def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, eps):
     _, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -2035,15 +1954,12 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     rt.store(dw_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`rms_norm_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -2104,8 +2020,8 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`rms_norm_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
@@ -2142,13 +2058,8 @@ def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
       x: bf16[M, N].
       mean_n: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -27,8 +33,6 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_tpu_blocks = rt.TpuBlocks(
     "add_f32",
     sizes=("M", "N"),
@@ -39,10 +43,9 @@ _add_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_f32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -65,7 +68,6 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `add_i32`'s and `add_i8`'s: the same code, written once.
 def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -74,15 +76,12 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_f32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -119,8 +118,7 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`add_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -159,12 +157,7 @@ def add_f32(x, y):
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_f32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: f32[M, N].
@@ -181,8 +174,6 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_backward_tpu_blocks = rt.TpuBlocks(
     "add_f32_backward",
     sizes=("M", "N"),
@@ -193,10 +184,9 @@ _add_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
-    """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_f32_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB). Blocks that need
-    # more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
     return pl.pallas_call(
         _add_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -218,7 +208,6 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
 
 def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -227,15 +216,12 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_f32_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -272,8 +258,7 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
 
 
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`add_f32_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -304,12 +289,7 @@ def add_f32_backward(dz):
 
     Args:
       dz: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
@@ -326,8 +306,6 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_tpu_blocks = rt.TpuBlocks(
     "mul_f32",
     sizes=("M", "N"),
@@ -338,10 +316,9 @@ _mul_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`mul_f32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -364,7 +341,6 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
 def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -373,15 +349,12 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x * y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`mul_f32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -418,8 +391,7 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`mul_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -459,12 +431,7 @@ def mul_f32(x, y):
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_f32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: f32[M, N].
@@ -483,8 +450,6 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
     "mul_f32_backward",
     sizes=("M", "N"),
@@ -495,10 +460,10 @@ _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
-    """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`mul_f32_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB + dx 512.0 KiB + dy
-    # 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
+    # 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -526,7 +491,6 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
 
 def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -537,15 +501,12 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz * x, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`mul_f32_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -588,8 +549,7 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
 
 
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`mul_f32_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -623,12 +583,7 @@ def mul_f32_backward(x, y, dz):
       x: f32[M, N].
       y: f32[M, N].
       dz: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
@@ -644,8 +599,6 @@ def _argmax_f32_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_f32_tpu_blocks = rt.TpuBlocks(
     "argmax_f32",
     sizes=("M", "N"),
@@ -656,10 +609,10 @@ _argmax_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmax_f32` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -678,7 +631,6 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -686,15 +638,12 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmax_f32` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -742,8 +691,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -779,12 +727,7 @@ def argmax_f32(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_f32_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
@@ -820,8 +763,6 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_f32_tpu_blocks = rt.TpuBlocks(
     "equal_count_f32",
     sizes=("N",),
@@ -832,10 +773,10 @@ _equal_count_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`equal_count_f32` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
-    # block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -859,7 +800,6 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
 
 # Also `equal_count_i32`'s and `equal_count_i8`'s: the same code, written once.
 def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
@@ -879,15 +819,12 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`equal_count_f32` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -926,8 +863,7 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -967,12 +903,7 @@ def equal_count_f32(x, y):
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_f32_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].
@@ -986,8 +917,6 @@ def equal_count_f32(x, y):
     return n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i32_tpu_blocks = rt.TpuBlocks(
     "add_i32",
     sizes=("M", "N"),
@@ -998,10 +927,9 @@ _add_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_i32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1021,15 +949,12 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_i32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1066,8 +991,7 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`add_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1103,12 +1027,7 @@ def add_i32(x, y):
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_i32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: i32[M, N].
@@ -1120,8 +1039,6 @@ def add_i32(x, y):
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i32_tpu_blocks = rt.TpuBlocks(
     "mul_i32",
     sizes=("M", "N"),
@@ -1132,10 +1049,9 @@ _mul_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`mul_i32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1155,15 +1071,12 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`mul_i32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1200,8 +1113,7 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`mul_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1237,12 +1149,7 @@ def mul_i32(x, y):
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_i32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: i32[M, N].
@@ -1254,8 +1161,6 @@ def mul_i32(x, y):
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i32_tpu_blocks = rt.TpuBlocks(
     "argmax_i32",
     sizes=("M", "N"),
@@ -1266,10 +1171,10 @@ _argmax_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmax_i32` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1288,7 +1193,6 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -1296,15 +1200,12 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmax_i32` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1352,8 +1253,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1389,12 +1289,7 @@ def argmax_i32(x):
 
     Args:
       x: i32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_i32_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
@@ -1409,8 +1304,6 @@ def argmax_i32(x):
     return i
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i32_tpu_blocks = rt.TpuBlocks(
     "equal_count_i32",
     sizes=("N",),
@@ -1421,10 +1314,10 @@ _equal_count_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`equal_count_i32` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
-    # block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1446,15 +1339,12 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`equal_count_i32` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -1493,8 +1383,7 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1534,12 +1423,7 @@ def equal_count_i32(x, y):
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_i32_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].
@@ -1559,8 +1443,6 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i8_tpu_blocks = rt.TpuBlocks(
     "add_i8",
     sizes=("M", "N"),
@@ -1571,10 +1453,9 @@ _add_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`add_i8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1594,15 +1475,12 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`add_i8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1639,8 +1517,7 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`add_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1676,12 +1553,7 @@ def add_i8(x, y):
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_i8_tpu_blocks chooses; the spec's: 1024, 512).
 
     Returns:
       z: i8[M, N].
@@ -1699,8 +1571,6 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i8_tpu_blocks = rt.TpuBlocks(
     "mul_i8",
     sizes=("M", "N"),
@@ -1711,10 +1581,9 @@ _mul_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`mul_i8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1734,15 +1603,12 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`mul_i8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1779,8 +1645,7 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros to
-    what TMA copies, the outputs sliced back."""
+    """`mul_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1816,12 +1681,7 @@ def mul_i8(x, y):
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_i8_tpu_blocks chooses; the spec's: 1024, 512).
 
     Returns:
       z: i8[M, N].
@@ -1838,8 +1698,6 @@ def _argmax_i8_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i8_tpu_blocks = rt.TpuBlocks(
     "argmax_i8",
     sizes=("M", "N"),
@@ -1850,10 +1708,10 @@ _argmax_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmax_i8` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
-    # 128 B. Blocks that need more than Mosaic's default raise the limit.
+    # 128 B.
     return pl.pallas_call(
         _argmax_i8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1872,7 +1730,6 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -1880,15 +1737,12 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmax_i8` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1934,8 +1788,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`argmax_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1971,12 +1824,7 @@ def argmax_i8(x):
 
     Args:
       x: i8[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_i8_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       i: i32[M].
@@ -2011,8 +1859,6 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i8_tpu_blocks = rt.TpuBlocks(
     "equal_count_i8",
     sizes=("N",),
@@ -2023,10 +1869,10 @@ _equal_count_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`equal_count_i8` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
-    # 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -2048,15 +1894,12 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`equal_count_i8` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -2092,8 +1935,7 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -2133,12 +1975,7 @@ def equal_count_i8(x, y):
     Args:
       x: i8[N].
       y: i8[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_i8_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -25,8 +31,6 @@ def _argmax_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_rows_tpu_blocks = rt.TpuBlocks(
     "argmax_rows",
     sizes=("M", "N"),
@@ -37,10 +41,10 @@ _argmax_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmax_rows` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32 B.
     return pl.pallas_call(
         _argmax_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -59,7 +63,6 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -67,15 +70,12 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmax_rows` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -124,8 +124,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 
 
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -161,12 +160,7 @@ def argmax_rows(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_rows_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
@@ -203,8 +197,6 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         i_ref[...] = argmax_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_blocked_tpu_blocks = rt.TpuBlocks(
     "argmax_blocked",
     sizes=("M", "N"),
@@ -215,10 +207,10 @@ _argmax_blocked_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmax_blocked` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit copy of a block 16.0
-    # KiB. Blocks that need more than Mosaic's default raise the limit.
+    # KiB.
     return pl.pallas_call(
         functools.partial(_argmax_blocked_kernel, n=n, block_n=block_n),
         # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
@@ -243,7 +235,6 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
 
@@ -270,15 +261,12 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmax_blocked` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -296,8 +284,7 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
 
 
 def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`argmax_blocked` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -334,12 +321,7 @@ def argmax_blocked(x):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
-        grown to large steps (rt.grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _argmax_blocked_tpu_blocks chooses; the spec's: 8, 512).
 
     Returns:
       i: i32[M].
@@ -359,8 +341,6 @@ def _argmin_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmin_rows_tpu_blocks = rt.TpuBlocks(
     "argmin_rows",
     sizes=("M", "N"),
@@ -371,10 +351,10 @@ _argmin_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`argmin_rows` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a block
-    # 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32 B.
     return pl.pallas_call(
         _argmin_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -393,7 +373,6 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -401,15 +380,12 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`argmin_rows` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -457,8 +433,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 
 
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`argmin_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -494,12 +469,7 @@ def argmin_rows(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmin_rows_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
@@ -533,8 +503,6 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
         s_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_tpu_blocks = rt.TpuBlocks(
     "column_sums",
     sizes=("M", "N"),
@@ -545,10 +513,9 @@ _column_sums_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`column_sums` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy of a block 1.0 MiB.
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
@@ -571,7 +538,6 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     _, block_n = s_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -593,15 +559,12 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     rt.store(s_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`column_sums` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -645,8 +608,7 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
 
 
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
-    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`column_sums` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -686,12 +648,7 @@ def column_sums(x):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
-        grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _column_sums_tpu_blocks chooses; the spec's: 512, 512).
 
     Returns:
       s: f32[N].
@@ -710,8 +667,6 @@ def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
     dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_backward_tpu_blocks = rt.TpuBlocks(
     "column_sums_backward",
     sizes=("M", "N"),
@@ -722,10 +677,9 @@ _column_sums_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
-    """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`column_sums_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB). Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
     return pl.pallas_call(
         _column_sums_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -748,7 +702,6 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -756,15 +709,12 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`column_sums_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -803,8 +753,8 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
 
 
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
-    """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`column_sums_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
@@ -833,12 +783,7 @@ def column_sums_backward(x, ds):
     Args:
       x: f32[M, N].
       ds: f32[N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _column_sums_backward_tpu_blocks chooses; the spec's: 512, 512).
 
     Returns:
       dx: f32[M, N].
@@ -860,8 +805,6 @@ def _quantize_rows_int8_with_residuals_kernel(x_ref, q_ref, scale_ref, max_n_ref
     argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_with_residuals",
     sizes=("M", "N"),
@@ -872,11 +815,10 @@ _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`quantize_rows_int8_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
-    # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B. Blocks
-    # that need more than Mosaic's default raise the limit.
+    # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
     return pl.pallas_call(
         _quantize_rows_int8_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -905,7 +847,6 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 def _quantize_rows_int8_with_residuals_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -918,15 +859,12 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(x_ref, q_ref, scale_ref, max_n
     rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1039,8 +977,8 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """`quantize_rows_int8_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
+    sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1084,12 +1022,7 @@ def quantize_rows_int8_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_with_residuals_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
@@ -1114,8 +1047,6 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref):
     scale_ref[...] = s
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8",
     sizes=("M", "N"),
@@ -1126,10 +1057,10 @@ _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`quantize_rows_int8` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B) + max's 32-bit copy
-    # of a block 128 B + let s 128 B. Blocks that need more than Mosaic's default raise the limit.
+    # of a block 128 B + let s 128 B.
     return pl.pallas_call(
         _quantize_rows_int8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1151,7 +1082,6 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
 
 def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1161,15 +1091,12 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
     rt.store(scale_ref, s, (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`quantize_rows_int8` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1240,8 +1167,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(x_ref, q_ref, scale_ref, scale_smem, q
 
 
 def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`quantize_rows_int8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1285,12 +1211,7 @@ def quantize_rows_int8(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       q: i8[M, N]; scale: f32[M].
@@ -1322,8 +1243,6 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_backward",
     sizes=("M", "N"),
@@ -1334,11 +1253,10 @@ _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`quantize_rows_int8_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
-    # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1364,7 +1282,6 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
 
 def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1382,17 +1299,14 @@ def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dsca
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that passes none, by
-# device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the
-# nearest entry winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`quantize_rows_int8_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1447,8 +1361,8 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`quantize_rows_int8_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
@@ -1485,12 +1399,7 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
       max_n: f32[M].
       argmax_n: i32[M].
       dscale: f32[M].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_backward_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       dx: f32[M, N].
@@ -1531,8 +1440,6 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_tpu_blocks = rt.TpuBlocks(
     "equal_count",
     sizes=("N",),
@@ -1543,10 +1450,10 @@ _equal_count_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`equal_count` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
-    # 4.0 KiB + sum's running values 4.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1569,7 +1476,6 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
 
 
 def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
@@ -1589,15 +1495,12 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`equal_count` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -1636,8 +1539,7 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
 
 
 def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`equal_count` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1677,12 +1579,7 @@ def equal_count(x, y):
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
-        grown to large steps (rt.grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_tpu_blocks chooses; the spec's: 1024).
 
     Returns:
       n: i32[].

@@ -6,6 +6,12 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 """
 
 import functools
@@ -31,8 +37,6 @@ def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_
     argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "softmax_with_residuals",
     sizes=("M", "N"),
@@ -43,11 +47,11 @@ _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`softmax_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
     # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
-    # block 32 B + let e 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # block 32 B + let e 32 B.
     return pl.pallas_call(
         _softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -76,7 +80,6 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -90,15 +93,12 @@ def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, ma
     rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`softmax_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -231,8 +231,8 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`softmax_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -276,12 +276,7 @@ def softmax_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
@@ -305,8 +300,6 @@ def _softmax_kernel(x_ref, y_ref):
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_tpu_blocks = rt.TpuBlocks(
     "softmax",
     sizes=("M", "N"),
@@ -317,10 +310,10 @@ _softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
-    """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`softmax` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit copy of a block 32
-    # B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # B + sum's 32-bit copy of a block 32 B + let e 32 B.
     return pl.pallas_call(
         _softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -339,7 +332,6 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -348,15 +340,12 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`softmax` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -438,8 +427,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
 
 
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with zeros
-    to what TMA copies, the outputs sliced back."""
+    """`softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -482,12 +470,7 @@ def softmax(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N].
@@ -513,8 +496,6 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
     )
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_backward_tpu_blocks = rt.TpuBlocks(
     "softmax_backward",
     sizes=("M", "N"),
@@ -525,11 +506,11 @@ _softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
-    """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
     # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
-    # 32 B + let de_1 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32 B + let de_1 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -556,7 +537,6 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
 
 def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -580,15 +560,12 @@ def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_r
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -714,8 +691,7 @@ def _softmax_backward_mosaic_gpu_kernel(
 
 
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
-    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
@@ -762,12 +738,7 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
       argmax_n: i32[M].
       max_n: f32[M].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_backward_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       dx: f32[M, N].
@@ -795,8 +766,6 @@ def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
     y_ref[...] = x - logsumexp_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "log_softmax_with_residuals",
     sizes=("M", "N"),
@@ -807,10 +776,10 @@ _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`log_softmax_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # 32-bit copy of a block 32 B.
     return pl.pallas_call(
         _log_softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -835,7 +804,6 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -845,15 +813,12 @@ def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, 
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`log_softmax_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -932,8 +897,8 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -965,12 +930,7 @@ def log_softmax_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N]; logsumexp_n: f32[M].
@@ -988,8 +948,6 @@ def _log_softmax_kernel(x_ref, y_ref):
     y_ref[...] = x - rt.logsumexp(x, 1)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_tpu_blocks = rt.TpuBlocks(
     "log_softmax",
     sizes=("M", "N"),
@@ -1000,10 +958,10 @@ _log_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`log_softmax` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's 32-bit copy of a
-    # block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # block 32 B.
     return pl.pallas_call(
         _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1022,7 +980,6 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1030,15 +987,12 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`log_softmax` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1105,8 +1059,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
 
 
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded with
-    zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1149,12 +1102,7 @@ def log_softmax(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N].
@@ -1172,8 +1120,6 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's sizes, else None's
-# (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "log_softmax_backward",
     sizes=("M", "N"),
@@ -1184,10 +1130,10 @@ _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
-    """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    """`log_softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
-    # sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         _log_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1212,7 +1158,6 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
 
 def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1226,15 +1171,12 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes none, by device kind:
-# those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the spec's .tuning.json file), the nearest entry
-# winning; None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked
-# block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    """`log_softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1308,8 +1250,8 @@ def _log_softmax_backward_mosaic_gpu_kernel(
 
 
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands padded
-    with zeros to what TMA copies, the outputs sliced back."""
+    """`log_softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
+    back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, logsumexp_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
@@ -1349,12 +1291,7 @@ def log_softmax_backward(x, logsumexp_n, dy):
       x: f32[M, N].
       logsumexp_n: f32[M].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_backward_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       dx: f32[M, N].

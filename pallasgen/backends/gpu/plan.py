@@ -39,7 +39,7 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC = ("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).",)
+GPU_DOC: tuple[str, ...] = ()  # gpu_block_*, gpu_warps, gpu_stages: said once, in the module's docstring
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,7 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
         key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
     chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
-    comment = (
-        f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
-        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(dims)}) shown (the spec's"
-        " .tuning.json file), the nearest entry winning; None: any other GPU (the spec's)."
-        " rt.triton_options clamps the blocks (a small dimension: one masked block)."
-    )
+    comment = f"Triton's {chosen} by GPU kind (None: the spec's) and sizes ({', '.join(dims)})."
     return {
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
@@ -156,7 +151,6 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     ]
 
 
-MASKS_COMMENT = "# Which positions of this program's blocks lie inside the arrays (None: no edge)."
 
 
 def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
@@ -312,7 +306,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=(*read_line, MASKS_COMMENT, *masks),
+        masks=(*read_line, *masks),
         loop=comments_above(loop),
         body=comments_above(body),
         tiling=tiling,
