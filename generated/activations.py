@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -43,7 +48,6 @@ _leaky_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
@@ -81,7 +85,6 @@ _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -122,7 +125,6 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
 
 
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
-    """`leaky` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -198,7 +200,6 @@ _leaky_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
@@ -236,7 +237,6 @@ _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -274,7 +274,6 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
 
 
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
-    """`leaky_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -332,7 +331,6 @@ _bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB).
     return pl.pallas_call(
@@ -374,7 +372,6 @@ _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -417,7 +414,6 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
 
 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
-    """`bias_gelu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -503,7 +499,6 @@ _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
     # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
@@ -554,7 +549,6 @@ _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -606,7 +600,6 @@ def _bias_gelu_backward_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx
 
 
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -698,7 +691,6 @@ _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
@@ -767,7 +759,6 @@ _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -832,8 +823,6 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -934,7 +923,6 @@ _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_n` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
@@ -1003,7 +991,6 @@ _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1068,8 +1055,6 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_n` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -1150,7 +1135,6 @@ _quantize_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
-    """`quantize_rows` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
     # let rounded 4.0 MiB.
@@ -1191,7 +1175,6 @@ _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`quantize_rows` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1233,7 +1216,6 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
 
 
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
-    """`quantize_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))

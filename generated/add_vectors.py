@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -42,7 +47,6 @@ _add_vectors_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
-    """`add_vectors` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB).
     return pl.pallas_call(
@@ -78,7 +82,6 @@ _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(_add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages))
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n),
@@ -113,7 +116,6 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
@@ -179,7 +181,6 @@ _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
-    """`add_vectors_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
     return pl.pallas_call(
@@ -215,7 +216,6 @@ _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
@@ -252,8 +252,6 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_n = 256
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_n,))

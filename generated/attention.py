@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -141,7 +146,6 @@ _attention_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -267,7 +271,6 @@ _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`attention` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -376,7 +379,6 @@ def _attention_mosaic_gpu_kernel(
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -609,7 +611,6 @@ _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -743,7 +744,6 @@ _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_backward_dq_gpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -869,8 +869,6 @@ def _attention_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -1132,7 +1130,6 @@ _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret):
-    """`attention_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -1265,7 +1262,6 @@ _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -1390,8 +1386,6 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -1627,7 +1621,6 @@ _attention_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -1745,7 +1738,6 @@ _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -1855,7 +1847,6 @@ def _attention_dq_mosaic_gpu_kernel(
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -2111,7 +2102,6 @@ _attention_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret):
-    """`attention_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -2237,7 +2227,6 @@ _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -2355,7 +2344,6 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
-    """`attention_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -2545,7 +2533,6 @@ _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
     # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
@@ -2644,7 +2631,6 @@ _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_with_residuals_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -2745,8 +2731,6 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -2913,7 +2897,6 @@ _attention_full_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
     # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
@@ -3003,7 +2986,6 @@ _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_gpu(q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`attention_full` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -3078,7 +3060,6 @@ def _attention_full_mosaic_gpu_kernel(
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -3245,7 +3226,6 @@ _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
     # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
@@ -3332,7 +3312,6 @@ _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_full_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -3435,8 +3414,6 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_full_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -3608,7 +3585,6 @@ _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
     # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B.
@@ -3703,7 +3679,6 @@ _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_full_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_full_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -3814,8 +3789,6 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_full_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -4054,7 +4027,6 @@ _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -4188,7 +4160,6 @@ _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_with_residuals_gpu_options,
         (size_s, t, b, h, d),
@@ -4303,8 +4274,6 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -4521,7 +4490,6 @@ _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -4644,7 +4612,6 @@ _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -4728,8 +4695,6 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -4961,7 +4926,6 @@ _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
 def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -5089,7 +5053,6 @@ _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_bottom_right_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dq_gpu_options,
         (size_s, t, b, h, d),
@@ -5211,8 +5174,6 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -5481,7 +5442,6 @@ _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(
         _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
@@ -5617,7 +5577,6 @@ _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 def _attention_bottom_right_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
         (t, size_s, b, h, d),
@@ -5747,8 +5706,6 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
-    """`attention_bottom_right_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -5940,7 +5897,6 @@ _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
     # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
@@ -6037,7 +5993,6 @@ _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_with_residuals_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_with_residuals_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6140,7 +6095,6 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -6290,7 +6244,6 @@ _gqa_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B) +
     # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
@@ -6380,7 +6333,6 @@ _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6457,7 +6409,6 @@ def _gqa_mosaic_gpu_kernel(
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -6610,7 +6561,6 @@ _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa_backward_dq` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
     # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
@@ -6702,7 +6652,6 @@ _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 def _gqa_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dq` on an NVIDIA GPU, by Triton."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dq_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
@@ -6810,7 +6759,6 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_backward_dq` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -6983,7 +6931,6 @@ _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
-    """`gqa_backward_dkdv` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_s = rt.tpu_blocks(_gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
     # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
@@ -7083,7 +7030,6 @@ _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 def _gqa_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dkdv` on an NVIDIA GPU, by Triton."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _gqa_backward_dkdv_gpu_options, (t, size_s, b, g, r, d), (block_t, block_s, num_warps, num_stages), 16
     )
@@ -7197,7 +7143,6 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
-    """`gqa_backward_dkdv` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     if block_d > 256:
@@ -7336,7 +7281,6 @@ _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
-    """`gqa_backward_over_r` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_g, block_t = rt.tpu_blocks(
         _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
     )
@@ -7399,7 +7343,6 @@ _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
 def _gqa_backward_over_r_gpu(
     dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, block_d, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_over_r` on an NVIDIA GPU, by Triton."""
     block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _gqa_backward_over_r_gpu_options, (b, g, t, d, r), (block_b, block_g, block_t, block_d, num_warps, num_stages)
     )
@@ -7471,7 +7414,6 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *
 
 
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
-    """`gqa_backward_over_r` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_d = 64, 128
     padded_t, padded_d = t + -t % 8, d + -d % block_d
     dk_r, dv_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d)), rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
@@ -7561,7 +7503,6 @@ _matmul_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    """`matmul_softmax` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
     # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + acc_k_ref
     # 512 B.
@@ -7617,7 +7558,6 @@ _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
-    """`matmul_softmax` on an NVIDIA GPU, by Triton."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
     )
@@ -7672,8 +7612,7 @@ _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 1 of `matmul_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
+    """Stage 1 of `matmul_softmax`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -7759,8 +7698,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
 
 
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
-    """Stage 2 of `matmul_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
+    """Stage 2 of `matmul_softmax`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
@@ -7776,7 +7714,7 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
 
 
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
-    """`matmul_softmax` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global memory."""
+    """`matmul_softmax`: its stages in turn, the arrays between them in global memory."""
     acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
     y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
@@ -7853,7 +7791,6 @@ _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
-    """`matmul_softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's 32-bit
     # copy of a block 512 B.
@@ -7895,7 +7832,6 @@ _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -7963,8 +7899,6 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buf
 
 
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
-    """`matmul_softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -8045,7 +7979,6 @@ _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_softmax_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
@@ -8097,7 +8030,6 @@ _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -8150,8 +8082,6 @@ _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_backward_x_mosaic_gpu(
     dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_softmax_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -8242,7 +8172,6 @@ _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_softmax_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
@@ -8294,7 +8223,6 @@ _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -8347,8 +8275,6 @@ _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_softmax_backward_w_mosaic_gpu(
     x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_softmax_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -8431,7 +8357,6 @@ _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
-    """`rmsnorm_matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
     # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB).
     return pl.pallas_call(
@@ -8484,7 +8409,6 @@ _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
@@ -8559,8 +8483,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers
 
 
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
-    """Stage 1 of `rmsnorm_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
+    """Stage 1 of `rmsnorm_matmul`."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -8608,8 +8531,7 @@ _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 2 of `rmsnorm_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
+    """Stage 2 of `rmsnorm_matmul`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -8631,7 +8553,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 
 
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
-    """`rmsnorm_matmul` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global memory."""
+    """`rmsnorm_matmul`: its stages in turn, the arrays between them in global memory."""
     lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
     y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
@@ -8723,7 +8645,6 @@ _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB) +
     # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
@@ -8772,7 +8693,6 @@ _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -8858,7 +8778,6 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -8948,7 +8867,6 @@ _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`rmsnorm_matmul_backward_lhs` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
@@ -9000,7 +8918,6 @@ _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_lhs_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -9053,8 +8970,6 @@ _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_lhs` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -9145,7 +9060,6 @@ _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`rmsnorm_matmul_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
@@ -9197,7 +9111,6 @@ _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -9250,8 +9163,6 @@ _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _rmsnorm_matmul_backward_w_mosaic_gpu(
     lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -9329,7 +9240,6 @@ _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
     # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let
@@ -9381,7 +9291,6 @@ _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -9479,8 +9388,6 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
@@ -9578,7 +9485,6 @@ _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
     # + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB
@@ -9643,7 +9549,6 @@ _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_over_m_gpu_options, (m, k), (block_m, block_k, num_warps, num_stages)
     )
@@ -9704,8 +9609,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))

@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -55,7 +60,6 @@ _giou_tpu_blocks = rt.TpuBlocks(
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
-    """`giou` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let
@@ -117,7 +121,6 @@ _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret):
-    """`giou` on an NVIDIA GPU, by Triton."""
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -175,7 +178,6 @@ def _giou_mosaic_gpu_kernel(
 
 
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
-    """`giou` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_b, block_n = 64, 64
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
@@ -386,7 +388,6 @@ _giou_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
-    """`giou_backward` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB +
@@ -594,7 +595,6 @@ _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 def _giou_backward_gpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret
 ):
-    """`giou_backward` on an NVIDIA GPU, by Triton."""
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -806,7 +806,6 @@ def _giou_backward_mosaic_gpu_kernel(
 
 
 def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret):
-    """`giou_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_b, block_n = 64, 32
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))

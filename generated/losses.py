@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -81,7 +86,6 @@ _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
     # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
@@ -167,7 +171,6 @@ _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -256,8 +259,6 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
@@ -358,7 +359,6 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's
     # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
@@ -432,7 +432,6 @@ _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -499,7 +498,6 @@ def _cross_entropy_mosaic_gpu_kernel(
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
@@ -590,7 +588,6 @@ _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
     # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB.
@@ -642,7 +639,6 @@ _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
-    """`cross_entropy_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -693,8 +689,6 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % 8, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))

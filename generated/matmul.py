@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -58,7 +63,6 @@ _matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
     # f32 product step 2.0 MiB.
@@ -108,7 +112,6 @@ _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -157,7 +160,6 @@ _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -250,7 +252,6 @@ _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(_matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
     # + f32 product step 2.0 MiB.
@@ -300,7 +301,6 @@ _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -351,7 +351,6 @@ _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    """`matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -427,7 +426,6 @@ _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(_matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
@@ -477,7 +475,6 @@ _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -528,7 +525,6 @@ _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret):
-    """`matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -612,7 +608,6 @@ _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
@@ -670,7 +665,6 @@ _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -731,8 +725,6 @@ _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -827,7 +819,6 @@ _matmul_relu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) + f32 accumulator 512.0
     # KiB + f32 product step 512.0 KiB.
@@ -877,7 +868,6 @@ _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -926,7 +916,6 @@ _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul_relu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -1034,7 +1023,6 @@ _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_relu_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
@@ -1097,7 +1085,6 @@ _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -1137,8 +1124,7 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, 
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
+    """Stage 1 of `matmul_relu_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -1185,8 +1171,7 @@ _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
+    """Stage 2 of `matmul_relu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -1214,8 +1199,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
-    """`matmul_relu_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`matmul_relu_backward_x`: its stages in turn, the arrays between them in global memory."""
     lhs = _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_relu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -1299,7 +1283,6 @@ _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_relu_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
@@ -1362,7 +1345,6 @@ _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_relu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -1402,8 +1384,7 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, 
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
+    """Stage 1 of `matmul_relu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -1450,8 +1431,7 @@ _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
+    """Stage 2 of `matmul_relu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -1481,8 +1461,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
-    """`matmul_relu_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`matmul_relu_backward_y`: its stages in turn, the arrays between them in global memory."""
     rhs = _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_relu_backward_y_stage_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
@@ -1565,7 +1544,6 @@ _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
@@ -1629,7 +1607,6 @@ _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -1693,8 +1670,6 @@ _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -1802,7 +1777,6 @@ _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32
     # accumulator 2.0 MiB + f32 product step 2.0 MiB.
@@ -1856,7 +1830,6 @@ _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_bias_gelu_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_bias_gelu` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -1912,7 +1885,6 @@ _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -2036,7 +2008,6 @@ _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_bias_gelu_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
@@ -2110,7 +2081,6 @@ _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -2161,8 +2131,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 1 of `matmul_bias_gelu_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2210,8 +2179,7 @@ _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 2 of `matmul_bias_gelu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -2239,8 +2207,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
-    """`matmul_bias_gelu_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`matmul_bias_gelu_backward_x`: its stages in turn, the arrays between them in global memory."""
     lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -2355,7 +2322,6 @@ _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_bias_gelu_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
@@ -2448,7 +2414,6 @@ _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _matmul_bias_gelu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -2517,8 +2482,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 1 of `matmul_bias_gelu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2568,8 +2532,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(acc_ref, bias_ref, dz
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 2 of `matmul_bias_gelu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -2617,8 +2580,7 @@ _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 3 of `matmul_bias_gelu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -2647,8 +2609,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
-    """`matmul_bias_gelu_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`matmul_bias_gelu_backward_y`: its stages in turn, the arrays between them in global memory."""
     dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
@@ -2739,7 +2700,6 @@ _matmul_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_int8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
     # + i32 product step 2.0 MiB.
@@ -2789,7 +2749,6 @@ _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_int8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), (16, 16, 32)
     )
@@ -2838,7 +2797,6 @@ _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
 def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`matmul_int8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -2934,7 +2892,6 @@ _batched_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
-    """`batched_matmul` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
     # f32 product step 2.0 MiB.
@@ -2984,7 +2941,6 @@ _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`batched_matmul` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _batched_matmul_gpu_options, (m, n, k, b), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -3036,7 +2992,6 @@ _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`batched_matmul` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -3139,7 +3094,6 @@ _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    """`batched_matmul_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
@@ -3199,7 +3153,6 @@ _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_x_gpu_options, (m, k, n, b), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -3237,8 +3190,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 1 of `batched_matmul_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
@@ -3287,8 +3239,7 @@ _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 2 of `batched_matmul_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -3316,8 +3267,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
-    """`batched_matmul_backward_x` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`batched_matmul_backward_x`: its stages in turn, the arrays between them in global memory."""
     lhs = _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((b, m, n))
     dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
@@ -3400,7 +3350,6 @@ _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    """`batched_matmul_backward_y` on a TPU, by Mosaic (or interpreted)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
@@ -3460,7 +3409,6 @@ _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU, by Triton."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
         _batched_matmul_backward_y_gpu_options, (k, n, m, b), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
@@ -3498,8 +3446,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 1 of `batched_matmul_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
@@ -3548,8 +3495,7 @@ _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies,
-    outputs sliced back."""
+    """Stage 2 of `batched_matmul_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
@@ -3578,8 +3524,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
-    """`batched_matmul_backward_y` on Mosaic GPU (sm_90 on): its stages in turn, the arrays between them in global
-    memory."""
+    """`batched_matmul_backward_y`: its stages in turn, the arrays between them in global memory."""
     rhs = _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((b, m, n))
     dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
@@ -3642,7 +3587,6 @@ _scores_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
-    """`scores` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB).
     return pl.pallas_call(
@@ -3692,7 +3636,6 @@ _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
-    """`scores` on an NVIDIA GPU, by Triton."""
     block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
         _scores_gpu_options, (size_s, t, d, b), (block_s, block_t, block_d, num_warps, num_stages), 16
     )
@@ -3746,7 +3689,6 @@ _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _scores_mosaic_gpu(
     q, k, *, b, size_s, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
 ):
-    """`scores` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
@@ -3826,7 +3768,6 @@ _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
-    """`scores_backward_epilogue` on a TPU, by Mosaic (or interpreted)."""
     block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
@@ -3865,7 +3806,6 @@ _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
 def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU, by Triton."""
     block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_epilogue_gpu_options, (b, s, t), (block_b, block_s, block_t, num_warps, num_stages)
     )
@@ -3898,8 +3838,6 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_s, block_t = 64, 128
     padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
@@ -3976,7 +3914,6 @@ _scores_backward_q_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
-    """`scores_backward_q` on a TPU, by Mosaic (or interpreted)."""
     block_s, block_d, block_t = rt.tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
     # 64.0 KiB + f32 product step 64.0 KiB.
@@ -4026,7 +3963,6 @@ _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
-    """`scores_backward_q` on an NVIDIA GPU, by Triton."""
     block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
         _scores_backward_q_gpu_options, (s, d, t, b), (block_s, block_d, block_t, num_warps, num_stages), 16
     )
@@ -4082,7 +4018,6 @@ _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
@@ -4167,7 +4102,6 @@ _scores_backward_k_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
-    """`scores_backward_k` on a TPU, by Mosaic (or interpreted)."""
     block_t, block_d, block_s = rt.tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
     # 64.0 KiB + f32 product step 64.0 KiB.
@@ -4218,7 +4152,6 @@ _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
-    """`scores_backward_k` on an NVIDIA GPU, by Triton."""
     block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
         _scores_backward_k_gpu_options, (t, d, s, b), (block_t, block_d, block_s, num_warps, num_stages), 16
     )
@@ -4274,7 +4207,6 @@ _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
@@ -4366,7 +4298,6 @@ _linear_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`linear` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n, block_k = rt.tpu_blocks(_linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
     # accumulator 4.0 MiB + f32 product step 4.0 MiB.
@@ -4420,7 +4351,6 @@ _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`linear` on an NVIDIA GPU, by Triton."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
@@ -4474,7 +4404,6 @@ _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    """`linear` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
@@ -4572,7 +4501,6 @@ _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
-    """`linear_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0
     # MiB + let dy_1 4.0 MiB.
@@ -4625,7 +4553,6 @@ _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -4670,8 +4597,6 @@ def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, 
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -4747,7 +4672,6 @@ _linear_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`linear_backward_x` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_k, block_n = rt.tpu_blocks(_linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
@@ -4797,7 +4721,6 @@ _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    """`linear_backward_x` on an NVIDIA GPU, by Triton."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
@@ -4848,7 +4771,6 @@ _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    """`linear_backward_x` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
@@ -4929,7 +4851,6 @@ _linear_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
-    """`linear_backward_w` on a TPU, by Mosaic (or interpreted)."""
     block_n, block_k, block_m = rt.tpu_blocks(_linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
@@ -4979,7 +4900,6 @@ _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
 def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
-    """`linear_backward_w` on an NVIDIA GPU, by Triton."""
     block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
         _linear_backward_w_gpu_options, (n, k, m), (block_n, block_k, block_m, num_warps, num_stages), 16
     )
@@ -5030,7 +4950,6 @@ _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret):
-    """`linear_backward_w` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )

@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -51,7 +56,6 @@ _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
     # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
@@ -112,7 +116,6 @@ _layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -246,8 +249,6 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -344,7 +345,6 @@ _layer_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
     # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
@@ -400,7 +400,6 @@ _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -514,7 +513,6 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -638,7 +636,6 @@ _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
-    """`layer_norm_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
     # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
@@ -708,7 +705,6 @@ _layer_norm_backward_gpu_options = {None: (1, 4, 1)}
 def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
-    """`layer_norm_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -876,7 +872,6 @@ def _layer_norm_backward_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret):
-    """`layer_norm_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1006,7 +1001,6 @@ _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
-    """`layer_norm_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
     # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
@@ -1085,7 +1079,6 @@ _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1161,8 +1154,6 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
@@ -1239,7 +1230,6 @@ _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
     # 32-bit copy of a block 64 B + let h 64 B.
@@ -1288,7 +1278,6 @@ _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1374,8 +1363,6 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1442,7 +1429,6 @@ _rms_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) + mean's 32-bit copy of a
     # block 64 B + let h 64 B.
@@ -1489,7 +1475,6 @@ _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1561,7 +1546,6 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1647,7 +1631,6 @@ _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
@@ -1699,7 +1682,6 @@ _rms_norm_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1797,7 +1779,6 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
@@ -1897,7 +1878,6 @@ _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward_over_m` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
     # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
@@ -1959,7 +1939,6 @@ _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -2020,8 +1999,6 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))

@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -43,7 +48,6 @@ _add_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_f32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -81,7 +85,6 @@ _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -118,7 +121,6 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -184,7 +186,6 @@ _add_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
-    """`add_f32_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
     return pl.pallas_call(
@@ -221,7 +222,6 @@ _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -258,7 +258,6 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
 
 
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    """`add_f32_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -316,7 +315,6 @@ _mul_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_f32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -354,7 +352,6 @@ _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -391,7 +388,6 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -460,7 +456,6 @@ _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
-    """`mul_f32_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB + dx 512.0 KiB + dy
     # 512.0 KiB).
@@ -506,7 +501,6 @@ _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -549,7 +543,6 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
 
 
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
-    """`mul_f32_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -609,7 +602,6 @@ _argmax_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_f32` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
@@ -643,7 +635,6 @@ _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_f32` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -691,7 +682,6 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -773,7 +763,6 @@ _equal_count_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_f32` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
     # block 16.0 KiB + sum's running values 16.0 KiB.
@@ -824,7 +813,6 @@ _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_f32` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -863,7 +851,6 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_f32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -927,7 +914,6 @@ _add_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -954,7 +940,6 @@ _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -991,7 +976,6 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1049,7 +1033,6 @@ _mul_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i32` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -1076,7 +1059,6 @@ _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i32` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1113,7 +1095,6 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1171,7 +1152,6 @@ _argmax_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i32` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
@@ -1205,7 +1185,6 @@ _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i32` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1253,7 +1232,6 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1314,7 +1292,6 @@ _equal_count_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i32` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
     # block 16.0 KiB + sum's running values 16.0 KiB.
@@ -1344,7 +1321,6 @@ _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i32` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -1383,7 +1359,6 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i32` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1453,7 +1428,6 @@ _add_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -1480,7 +1454,6 @@ _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1517,7 +1490,6 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1581,7 +1553,6 @@ _mul_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i8` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
@@ -1608,7 +1579,6 @@ _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i8` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1645,7 +1615,6 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1708,7 +1677,6 @@ _argmax_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i8` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
     # 128 B.
@@ -1742,7 +1710,6 @@ _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i8` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1788,7 +1755,6 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1869,7 +1835,6 @@ _equal_count_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i8` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
     # 16.0 KiB + sum's running values 16.0 KiB.
@@ -1899,7 +1864,6 @@ _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i8` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -1935,7 +1899,6 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)

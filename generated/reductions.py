@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -41,7 +46,6 @@ _argmax_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_rows` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
@@ -75,7 +79,6 @@ _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_rows` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -123,8 +126,8 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
+# Also `argmax_blocked`'s: the same code, written once.
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -207,7 +210,6 @@ _argmax_blocked_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`argmax_blocked` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit copy of a block 16.0
     # KiB.
@@ -266,7 +268,6 @@ _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`argmax_blocked` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -283,22 +284,6 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_blocked` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
-        functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return i[:m].reshape((m, 1))
-
-
 def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
     no float input reaches a float output.
@@ -312,7 +297,7 @@ def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
     triton=_argmax_blocked_gpu,
-    mosaic_gpu=_argmax_blocked_mosaic_gpu,
+    mosaic_gpu=_argmax_rows_mosaic_gpu,
     vjp=_argmax_blocked_vjp,
 )
 def argmax_blocked(x):
@@ -351,7 +336,6 @@ _argmin_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmin_rows` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a block
     # 32 B.
@@ -385,7 +369,6 @@ _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmin_rows` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -433,7 +416,6 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 
 
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmin_rows` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -513,7 +495,6 @@ _column_sums_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`column_sums` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy of a block 1.0 MiB.
     return pl.pallas_call(
@@ -564,7 +545,6 @@ _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -608,7 +588,6 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
 
 
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
-    """`column_sums` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -677,7 +656,6 @@ _column_sums_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
-    """`column_sums_backward` on a TPU, by Mosaic (or interpreted)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
     return pl.pallas_call(
@@ -714,7 +692,6 @@ _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -753,8 +730,6 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
 
 
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
-    """`column_sums_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
@@ -815,7 +790,6 @@ _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
     # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
@@ -864,7 +838,6 @@ _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -977,8 +950,6 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs
-    sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1057,7 +1028,6 @@ _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B) + max's 32-bit copy
     # of a block 128 B + let s 128 B.
@@ -1096,7 +1066,6 @@ _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1167,7 +1136,6 @@ def _quantize_rows_int8_mosaic_gpu_kernel(x_ref, q_ref, scale_ref, scale_smem, q
 
 
 def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1253,7 +1221,6 @@ _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
     # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
@@ -1306,7 +1273,6 @@ _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU, by Triton."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1361,8 +1327,6 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
-    """`quantize_rows_int8_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
@@ -1450,7 +1414,6 @@ _equal_count_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count` on a TPU, by Mosaic (or interpreted)."""
     (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
     # 4.0 KiB + sum's running values 4.0 KiB.
@@ -1500,7 +1463,6 @@ _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count` on an NVIDIA GPU, by Triton."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
@@ -1539,7 +1501,6 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
 
 
 def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)

@@ -9,9 +9,14 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 
 Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
 blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.gpu_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -47,7 +52,6 @@ _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`softmax_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
     # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
@@ -98,7 +102,6 @@ _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -231,8 +234,6 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -310,7 +311,6 @@ _softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
-    """`softmax` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit copy of a block 32
     # B + sum's 32-bit copy of a block 32 B + let e 32 B.
@@ -345,7 +345,6 @@ _softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -427,7 +426,6 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
 
 
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -506,7 +504,6 @@ _softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
-    """`softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
     # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
@@ -565,7 +562,6 @@ _softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -691,7 +687,6 @@ def _softmax_backward_mosaic_gpu_kernel(
 
 
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
-    """`softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
@@ -776,7 +771,6 @@ _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax_with_residuals` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
     # 32-bit copy of a block 32 B.
@@ -818,7 +812,6 @@ _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -897,8 +890,6 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax_with_residuals` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -958,7 +949,6 @@ _log_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's 32-bit copy of a
     # block 32 B.
@@ -992,7 +982,6 @@ _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1059,7 +1048,6 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
 
 
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1130,7 +1118,6 @@ _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
-    """`log_softmax_backward` on a TPU, by Mosaic (or interpreted)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 32 B.
@@ -1176,7 +1163,6 @@ _log_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 
 def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU, by Triton."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1250,8 +1236,6 @@ def _log_softmax_backward_mosaic_gpu_kernel(
 
 
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
-    """`log_softmax_backward` on Mosaic GPU (sm_90 on): operands zero-padded to what TMA copies, outputs sliced
-    back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, logsumexp_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
