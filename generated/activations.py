@@ -153,8 +153,8 @@ def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N")), "mask": (jnp.int32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "mask: i32[M, N]"),
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_tpu,
@@ -288,8 +288,8 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "dy: f32[M, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_backward_tpu,
@@ -442,12 +442,8 @@ def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_tpu,
     triton=_bias_gelu_gpu,
@@ -615,13 +611,8 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_tpu,
     triton=_bias_gelu_backward_gpu,
@@ -843,13 +834,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_m_tpu,
     triton=_bias_gelu_backward_over_m_gpu,
@@ -1075,13 +1061,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dscale": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dscale: f32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_n_tpu,
     triton=_bias_gelu_backward_over_n_gpu,
@@ -1237,8 +1218,8 @@ def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
-    outputs={"q": (jnp.int8, ("M", "N"))},
+    inputs=("x: f32[M, N]", "scale: f32[M] as [M, 1]"),
+    outputs=("q: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_tpu,
     triton=_quantize_rows_gpu,

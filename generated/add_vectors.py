@@ -140,8 +140,8 @@ def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
-    outputs={"z": (jnp.float32, ("N",))},
+    inputs=("x: f32[N]", "y: f32[N]"),
+    outputs=("z: f32[N]",),
     sizes={"N": "n"},
     tpu=_add_vectors_tpu,
     triton=_add_vectors_gpu,
@@ -266,8 +266,8 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("N",))},
-    outputs={"dx": (jnp.float32, ("N",)), "dy": (jnp.float32, ("N",))},
+    inputs=("dz: f32[N]",),
+    outputs=("dx: f32[N]", "dy: f32[N]"),
     sizes={"N": "n"},
     tpu=_add_vectors_backward_tpu,
     triton=_add_vectors_backward_gpu,

@@ -425,12 +425,8 @@ def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D")), "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_tpu,
@@ -910,16 +906,16 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-        "dlse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={"dq": (jnp.bfloat16, ("B", "H", "S", "D")), "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+        "dlse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dq_tpu,
@@ -1424,15 +1420,15 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={"dk": (jnp.bfloat16, ("B", "H", "T", "D")), "dv": (jnp.bfloat16, ("B", "H", "T", "D"))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dkdv_tpu,
@@ -1891,15 +1887,15 @@ def _attention_dq_vjp(saved, cotangents):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={"dq": (jnp.bfloat16, ("B", "H", "S", "D")), "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_dq_tpu,
@@ -2388,15 +2384,15 @@ def _attention_dkdv_vjp(saved, cotangents):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={"dk": (jnp.bfloat16, ("B", "H", "T", "D")), "dv": (jnp.bfloat16, ("B", "H", "T", "D"))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "s"},
     params={"scale": jnp.float32},
     tpu=_attention_dkdv_tpu,
@@ -2765,12 +2761,8 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D")), "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_with_residuals_tpu,
@@ -3105,12 +3097,8 @@ def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]",),
     sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
@@ -3453,15 +3441,15 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={"dq": (jnp.bfloat16, ("B", "H", "S", "D")), "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dq_tpu,
@@ -3827,15 +3815,15 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={"dk": (jnp.bfloat16, ("B", "H", "T", "D")), "dv": (jnp.bfloat16, ("B", "H", "T", "D"))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dkdv_tpu,
@@ -4313,12 +4301,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, 
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D")), "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_with_residuals_tpu,
@@ -4743,12 +4727,8 @@ def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interp
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]",),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_tpu,
@@ -5219,15 +5199,15 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={"dq": (jnp.bfloat16, ("B", "H", "S", "D")), "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dq_tpu,
@@ -5749,15 +5729,15 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={"dk": (jnp.bfloat16, ("B", "H", "T", "D")), "dv": (jnp.bfloat16, ("B", "H", "T", "D"))},
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dkdv_tpu,
@@ -6129,15 +6109,8 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-    },
-    outputs={
-        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
+    inputs=("q: bf16[B, G, R, S, D]", "k: bf16[B, G, T, D]", "v: bf16[B, G, T, D]"),
+    outputs=("o: bf16[B, G, R, S, D]", "lse: f32[B, G, R, S] as [B, G, R, S, 1]"),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_with_residuals_tpu,
     triton=_gqa_with_residuals_gpu,
@@ -6451,12 +6424,8 @@ def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "G", "R", "S", "D"))},
+    inputs=("q: bf16[B, G, R, S, D]", "k: bf16[B, G, T, D]", "v: bf16[B, G, T, D]"),
+    outputs=("o: bf16[B, G, R, S, D]",),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_tpu,
     triton=_gqa_gpu,
@@ -6798,18 +6767,15 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, G, R, S, D]",
+        "k: bf16[B, G, T, D]",
+        "v: bf16[B, G, T, D]",
+        "o: bf16[B, G, R, S, D]",
+        "do: bf16[B, G, R, S, D]",
+        "lse: f32[B, G, R, S] as [B, G, R, S, 1]",
+    ),
+    outputs=("dq: bf16[B, G, R, S, D]", "delta: f32[B, G, R, S] as [B, G, R, S, 1]"),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_backward_dq_tpu,
     triton=_gqa_backward_dq_gpu,
@@ -7179,15 +7145,15 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
-        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
-    },
-    outputs={"dk_r": (jnp.float32, ("B", "G", "R", "T", "D")), "dv_r": (jnp.float32, ("B", "G", "R", "T", "D"))},
+    inputs=(
+        "q: bf16[B, G, R, S, D]",
+        "k: bf16[B, G, T, D]",
+        "v: bf16[B, G, T, D]",
+        "do: bf16[B, G, R, S, D]",
+        "lse: f32[B, G, R, S] as [B, G, R, 1, S]",
+        "delta: f32[B, G, R, S] as [B, G, R, 1, S]",
+    ),
+    outputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d", "S": "size_s"},
     tpu=_gqa_backward_dkdv_tpu,
     triton=_gqa_backward_dkdv_gpu,
@@ -7431,11 +7397,8 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
 
 
 @rt.kernel(
-    inputs={"dk_r": (jnp.float32, ("B", "G", "R", "T", "D")), "dv_r": (jnp.float32, ("B", "G", "R", "T", "D"))},
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
-    },
+    inputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
+    outputs=("dk: bf16[B, G, T, D] as [B, G, 1, T, D]", "dv: bf16[B, G, T, D] as [B, G, 1, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
     tpu=_gqa_backward_over_r_tpu,
     triton=_gqa_backward_over_r_gpu,
@@ -7736,8 +7699,8 @@ def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "w: bf16[K, N]"),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_softmax_tpu,
     triton=_matmul_softmax_gpu,
@@ -7914,8 +7877,8 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"y": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
-    outputs={"dacc": (jnp.bfloat16, ("M", "N"))},
+    inputs=("y: f32[M, N]", "dy: f32[M, N]"),
+    outputs=("dacc: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_matmul_softmax_backward_tpu,
     triton=_matmul_softmax_backward_gpu,
@@ -8109,8 +8072,8 @@ def _matmul_softmax_backward_x_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dacc: bf16[M, N]", "w: bf16[K, N]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_softmax_backward_x_tpu,
     triton=_matmul_softmax_backward_x_gpu,
@@ -8301,8 +8264,8 @@ def _matmul_softmax_backward_w_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "dacc": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    inputs=("x: bf16[M, K]", "dacc: bf16[M, N]"),
+    outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_softmax_backward_w_tpu,
     triton=_matmul_softmax_backward_w_gpu,
@@ -8577,8 +8540,8 @@ def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "g": (jnp.float32, ("K",), (1, "K")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "w: bf16[K, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_rmsnorm_matmul_tpu,
     triton=_rmsnorm_matmul_gpu,
@@ -8796,8 +8759,8 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "g": (jnp.float32, ("K",), (1, "K"))},
-    outputs={"lhs": (jnp.bfloat16, ("M", "K")), "mean_k": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]"),
+    outputs=("lhs: bf16[M, K]", "mean_k: f32[M] as [M, 1]"),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_tpu,
     triton=_rmsnorm_matmul_lhs_gpu,
@@ -8997,8 +8960,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"dlhs": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dy: bf16[M, N]", "w: bf16[K, N]"),
+    outputs=("dlhs: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_rmsnorm_matmul_backward_lhs_tpu,
     triton=_rmsnorm_matmul_backward_lhs_gpu,
@@ -9189,8 +9152,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"lhs": (jnp.bfloat16, ("M", "K")), "dy": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    inputs=("lhs: bf16[M, K]", "dy: bf16[M, N]"),
+    outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_rmsnorm_matmul_backward_w_tpu,
     triton=_rmsnorm_matmul_backward_w_gpu,
@@ -9408,13 +9371,8 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "g": (jnp.float32, ("K",), (1, "K")),
-        "mean_k": (jnp.float32, ("M",), ("M", 1)),
-        "dlhs": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_tpu,
     triton=_rmsnorm_matmul_lhs_backward_gpu,
@@ -9625,12 +9583,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "mean_k": (jnp.float32, ("M",), ("M", 1)),
-        "dlhs": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dg": (jnp.float32, ("K",), (1, "K"))},
+    inputs=("x: bf16[M, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
+    outputs=("dg: f32[K] as [1, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
     triton=_rmsnorm_matmul_lhs_backward_over_m_gpu,

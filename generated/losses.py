@@ -279,8 +279,8 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
 
 
 @rt.kernel(
-    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
-    outputs={"loss": (jnp.float32, ("M",), ("M", 1)), "logsumexp_v": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
+    outputs=("loss: f32[M] as [M, 1]", "logsumexp_v: f32[M] as [M, 1]"),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_with_residuals_tpu,
     triton=_cross_entropy_with_residuals_gpu,
@@ -529,8 +529,8 @@ def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
-    outputs={"loss": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
+    outputs=("loss: f32[M] as [M, 1]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_tpu,
     triton=_cross_entropy_gpu,
@@ -705,13 +705,13 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
 
 
 @rt.kernel(
-    inputs={
-        "logits": (jnp.bfloat16, ("M", "V")),
-        "label": (jnp.int32, ("M",), ("M", 1)),
-        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
-        "dloss": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dlogits": (jnp.bfloat16, ("M", "V"))},
+    inputs=(
+        "logits: bf16[M, V]",
+        "label: i32[M] as [M, 1]",
+        "logsumexp_v: f32[M] as [M, 1]",
+        "dloss: f32[M] as [M, 1]",
+    ),
+    outputs=("dlogits: bf16[M, V]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_backward_tpu,
     triton=_cross_entropy_backward_gpu,

@@ -192,8 +192,8 @@ def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_tpu,
     triton=_matmul_gpu,
@@ -372,8 +372,8 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None,
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "K"))},
+    inputs=("dz: f32[M, N]", "y: f32[K, N]"),
+    outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_backward_x_tpu,
     triton=_matmul_backward_x_gpu,
@@ -548,8 +548,8 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None,
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "dz": (jnp.float32, ("M", "N"))},
-    outputs={"dy": (jnp.float32, ("K", "N"))},
+    inputs=("x: f32[M, K]", "dz: f32[M, N]"),
+    outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_backward_y_tpu,
     triton=_matmul_backward_y_gpu,
@@ -760,8 +760,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]", "acc: f32[M, N]"),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_with_residuals_tpu,
     triton=_matmul_relu_with_residuals_gpu,
@@ -951,8 +951,8 @@ def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_tpu,
     triton=_matmul_relu_gpu,
@@ -1207,8 +1207,8 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
 
 
 @rt.kernel(
-    inputs={"acc": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "K"))},
+    inputs=("acc: f32[M, N]", "dz: f32[M, N]", "y: f32[K, N]"),
+    outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
     triton=_matmul_relu_backward_x_gpu,
@@ -1469,8 +1469,8 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
 
 
 @rt.kernel(
-    inputs={"acc": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N")), "x": (jnp.float32, ("M", "K"))},
-    outputs={"dy": (jnp.float32, ("K", "N"))},
+    inputs=("acc: f32[M, N]", "dz: f32[M, N]", "x: f32[M, K]"),
+    outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
     triton=_matmul_relu_backward_y_gpu,
@@ -1706,8 +1706,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "y": (jnp.bfloat16, ("K", "N")), "bias": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"z": (jnp.bfloat16, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
+    outputs=("z: bf16[M, N]", "acc: f32[M, N]"),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_with_residuals_tpu,
     triton=_matmul_bias_gelu_with_residuals_gpu,
@@ -1924,8 +1924,8 @@ def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "y": (jnp.bfloat16, ("K", "N")), "bias": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"z": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
+    outputs=("z: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
     triton=_matmul_bias_gelu_gpu,
@@ -2215,13 +2215,8 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "dz": (jnp.bfloat16, ("M", "N")),
-        "y": (jnp.bfloat16, ("K", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "y: bf16[K, N]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_bias_gelu_backward_x_tpu,
     triton=_matmul_bias_gelu_backward_x_gpu,
@@ -2618,13 +2613,8 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "dz": (jnp.bfloat16, ("M", "N")),
-        "x": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dy": (jnp.bfloat16, ("K", "N")), "dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "x: bf16[M, K]"),
+    outputs=("dy: bf16[K, N]", "dbias: f32[N] as [1, N]"),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_bias_gelu_backward_y_tpu,
     triton=_matmul_bias_gelu_backward_y_gpu,
@@ -2826,8 +2816,8 @@ def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "K")), "y": (jnp.int8, ("K", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i8[M, K]", "y: i8[K, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_int8_tpu,
     triton=_matmul_int8_gpu,
@@ -3025,8 +3015,8 @@ def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("B", "M", "K")), "y": (jnp.bfloat16, ("B", "K", "N"))},
-    outputs={"z": (jnp.float32, ("B", "M", "N"))},
+    inputs=("x: bf16[B, M, K]", "y: bf16[B, K, N]"),
+    outputs=("z: f32[B, M, N]",),
     sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
     tpu=_batched_matmul_tpu,
     triton=_batched_matmul_gpu,
@@ -3275,8 +3265,8 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("B", "M", "N")), "y": (jnp.bfloat16, ("B", "K", "N"))},
-    outputs={"dx": (jnp.bfloat16, ("B", "M", "K"))},
+    inputs=("dz: f32[B, M, N]", "y: bf16[B, K, N]"),
+    outputs=("dx: bf16[B, M, K]",),
     sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
     tpu=_batched_matmul_backward_x_tpu,
     triton=_batched_matmul_backward_x_gpu,
@@ -3532,8 +3522,8 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("B", "M", "N")), "x": (jnp.bfloat16, ("B", "M", "K"))},
-    outputs={"dy": (jnp.bfloat16, ("B", "K", "N"))},
+    inputs=("dz: f32[B, M, N]", "x: bf16[B, M, K]"),
+    outputs=("dy: bf16[B, K, N]",),
     sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
     tpu=_batched_matmul_backward_y_tpu,
     triton=_batched_matmul_backward_y_gpu,
@@ -3723,8 +3713,8 @@ def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"q": (jnp.bfloat16, ("B", "S", "D")), "k": (jnp.bfloat16, ("B", "T", "D"))},
-    outputs={"s": (jnp.float32, ("B", "S", "T"))},
+    inputs=("q: bf16[B, S, D]", "k: bf16[B, T, D]"),
+    outputs=("s: f32[B, S, T]",),
     sizes={"B": "b", "S": "size_s", "T": "t", "D": "d"},
     params={"scale": jnp.float32},
     tpu=_scores_tpu,
@@ -3852,8 +3842,8 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
 
 
 @rt.kernel(
-    inputs={"ds": (jnp.float32, ("B", "S", "T"))},
-    outputs={"dacc": (jnp.bfloat16, ("B", "S", "T"))},
+    inputs=("ds: f32[B, S, T]",),
+    outputs=("dacc: bf16[B, S, T]",),
     sizes={"B": "b", "S": "s", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_scores_backward_epilogue_tpu,
@@ -4039,8 +4029,8 @@ def _scores_backward_q_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "k": (jnp.bfloat16, ("B", "T", "D"))},
-    outputs={"dq": (jnp.bfloat16, ("B", "S", "D"))},
+    inputs=("dacc: bf16[B, S, T]", "k: bf16[B, T, D]"),
+    outputs=("dq: bf16[B, S, D]",),
     sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
     tpu=_scores_backward_q_tpu,
     triton=_scores_backward_q_gpu,
@@ -4229,8 +4219,8 @@ def _scores_backward_k_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "q": (jnp.bfloat16, ("B", "S", "D"))},
-    outputs={"dk": (jnp.bfloat16, ("B", "T", "D"))},
+    inputs=("dacc: bf16[B, S, T]", "q: bf16[B, S, D]"),
+    outputs=("dk: bf16[B, T, D]",),
     sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
     tpu=_scores_backward_k_tpu,
     triton=_scores_backward_k_gpu,
@@ -4441,8 +4431,8 @@ def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "w": (jnp.bfloat16, ("N", "K")), "bias": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "w: bf16[N, K]", "bias: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
     triton=_linear_gpu,
@@ -4612,8 +4602,8 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("dy: bf16[M, N]",),
+    outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_linear_backward_over_m_tpu,
     triton=_linear_backward_over_m_gpu,
@@ -4792,8 +4782,8 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None,
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("N", "K"))},
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dy: bf16[M, N]", "w: bf16[N, K]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_linear_backward_x_tpu,
     triton=_linear_backward_x_gpu,
@@ -4972,8 +4962,8 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None,
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "x": (jnp.bfloat16, ("M", "K"))},
-    outputs={"dw": (jnp.bfloat16, ("N", "K"))},
+    inputs=("dy: bf16[M, N]", "x: bf16[M, K]"),
+    outputs=("dw: bf16[N, K]",),
     sizes={"N": "n", "K": "k", "M": "m"},
     tpu=_linear_backward_w_tpu,
     triton=_linear_backward_w_gpu,

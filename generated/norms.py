@@ -275,17 +275,8 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "b": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={
-        "y": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "mean_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_with_residuals_tpu,
@@ -552,16 +543,8 @@ def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "b": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={
-        "y": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_tpu,
@@ -898,17 +881,17 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-        "dmu": (jnp.float32, ("M",), ("M", 1)),
-        "drstd": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=(
+        "x: bf16[M, N]",
+        "w: f32[N] as [1, N]",
+        "mu: f32[M] as [M, 1]",
+        "rstd: f32[M] as [M, 1]",
+        "mean_n: f32[M] as [M, 1]",
+        "dy: bf16[M, N]",
+        "dmu: f32[M] as [M, 1]",
+        "drstd: f32[M] as [M, 1]",
+    ),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_backward_tpu,
@@ -1170,13 +1153,8 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dw": (jnp.float32, ("N",), (1, "N")), "db": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dw: f32[N] as [1, N]", "db: f32[N] as [1, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_layer_norm_backward_over_m_tpu,
     triton=_layer_norm_backward_over_m_gpu,
@@ -1381,8 +1359,8 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N")), "mean_n": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mean_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_with_residuals_tpu,
@@ -1574,8 +1552,8 @@ def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_tpu,
@@ -1799,13 +1777,8 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_tpu,
@@ -2015,12 +1988,8 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dw": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dw: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_over_m_tpu,

@@ -145,8 +145,8 @@ def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_tpu,
     triton=_add_f32_gpu,
@@ -275,8 +275,8 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("M", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    inputs=("dz: f32[M, N]",),
+    outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_backward_tpu,
     triton=_add_f32_backward_gpu,
@@ -413,8 +413,8 @@ def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_tpu,
     triton=_mul_f32_gpu,
@@ -561,8 +561,8 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N")), "dz": (jnp.float32, ("M", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]", "dz: f32[M, N]"),
+    outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
     triton=_mul_f32_backward_gpu,
@@ -704,8 +704,8 @@ def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_f32_tpu,
     triton=_argmax_f32_gpu,
@@ -876,8 +876,8 @@ def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: f32[N]", "y: f32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_f32_tpu,
     triton=_equal_count_f32_gpu,
@@ -997,8 +997,8 @@ def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i32[M, N]", "y: i32[M, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i32_tpu,
     triton=_add_i32_gpu,
@@ -1116,8 +1116,8 @@ def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i32[M, N]", "y: i32[M, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i32_tpu,
     triton=_mul_i32_gpu,
@@ -1254,8 +1254,8 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: i32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i32_tpu,
     triton=_argmax_i32_gpu,
@@ -1384,8 +1384,8 @@ def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i32[N]", "y: i32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i32_tpu,
     triton=_equal_count_i32_gpu,
@@ -1511,8 +1511,8 @@ def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
-    outputs={"z": (jnp.int8, ("M", "N"))},
+    inputs=("x: i8[M, N]", "y: i8[M, N]"),
+    outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i8_tpu,
     triton=_add_i8_gpu,
@@ -1636,8 +1636,8 @@ def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
-    outputs={"z": (jnp.int8, ("M", "N"))},
+    inputs=("x: i8[M, N]", "y: i8[M, N]"),
+    outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i8_tpu,
     triton=_mul_i8_gpu,
@@ -1777,8 +1777,8 @@ def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: i8[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i8_tpu,
     triton=_argmax_i8_gpu,
@@ -1924,8 +1924,8 @@ def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("N",)), "y": (jnp.int8, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i8[N]", "y: i8[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i8_tpu,
     triton=_equal_count_i8_gpu,

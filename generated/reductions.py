@@ -150,8 +150,8 @@ def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_rows_tpu,
     triton=_argmax_rows_gpu,
@@ -292,8 +292,8 @@ def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
     triton=_argmax_blocked_gpu,
@@ -438,8 +438,8 @@ def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmin_rows_tpu,
     triton=_argmin_rows_gpu,
@@ -614,8 +614,8 @@ def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"s": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("s: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_tpu,
     triton=_column_sums_gpu,
@@ -744,8 +744,8 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "ds": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "ds: f32[N] as [1, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_backward_tpu,
     triton=_column_sums_backward_gpu,
@@ -975,13 +975,8 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={
-        "q": (jnp.int8, ("M", "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-    },
+    inputs=("x: f32[M, N]",),
+    outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_with_residuals_tpu,
     triton=_quantize_rows_int8_with_residuals_gpu,
@@ -1163,8 +1158,8 @@ def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"q": (jnp.int8, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_tpu,
     triton=_quantize_rows_int8_gpu,
@@ -1342,13 +1337,8 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "dscale": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "dscale: f32[M] as [M, 1]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_backward_tpu,
     triton=_quantize_rows_int8_backward_gpu,
@@ -1526,8 +1516,8 @@ def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i32[N]", "y: i32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_tpu,
     triton=_equal_count_gpu,

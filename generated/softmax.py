@@ -259,13 +259,8 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={
-        "y": (jnp.float32, ("M", "N")),
-        "sum_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "sum_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "max_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_with_residuals_tpu,
     triton=_softmax_with_residuals_gpu,
@@ -453,8 +448,8 @@ def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_tpu,
     triton=_softmax_gpu,
@@ -710,14 +705,14 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "sum_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.float32, ("M", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=(
+        "x: f32[M, N]",
+        "sum_n: f32[M] as [M, 1]",
+        "argmax_n: i32[M] as [M, 1]",
+        "max_n: f32[M] as [M, 1]",
+        "dy: f32[M, N]",
+    ),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_backward_tpu,
     triton=_softmax_backward_gpu,
@@ -908,8 +903,8 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N")), "logsumexp_n": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_with_residuals_tpu,
     triton=_log_softmax_with_residuals_gpu,
@@ -1075,8 +1070,8 @@ def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_tpu,
     triton=_log_softmax_gpu,
@@ -1256,12 +1251,8 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "logsumexp_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.float32, ("M", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]", "dy: f32[M, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_backward_tpu,
     triton=_log_softmax_backward_gpu,

@@ -33,6 +33,7 @@ def _environment() -> jinja2.Environment:
     )
     environment.filters["pyrepr"] = python_literal
     environment.filters["docstring"] = docstring
+    environment.filters["pyrepr_tuple"] = lambda items: python_literal(tuple(items))
     environment.globals["line_length"] = LINE_LENGTH
     return environment
 
