@@ -381,10 +381,7 @@ def _attention_mosaic_gpu_kernel(
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -867,10 +864,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
 def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1384,10 +1378,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1845,10 +1836,7 @@ def _attention_dq_mosaic_gpu_kernel(
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2342,10 +2330,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_dkdv", "D", d, block_d, 256)
     padded_t, padded_s = t + -t % block_t, s + -s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2729,10 +2714,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_with_residuals", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -3054,10 +3036,7 @@ def _attention_full_mosaic_gpu_kernel(
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -3404,10 +3383,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -3779,10 +3755,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4264,10 +4237,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
 def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_with_residuals", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4681,10 +4651,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -5156,10 +5123,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
 def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -5688,10 +5652,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -6077,10 +6038,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_with_residuals", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -6384,10 +6342,7 @@ def _gqa_mosaic_gpu_kernel(
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -6730,10 +6685,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -7111,10 +7063,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))

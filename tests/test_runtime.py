@@ -96,7 +96,7 @@ FEATURES = {
         "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
         "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
         "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
-        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices"},
+        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices", "mgpu_check_whole"},
         {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
     "mosaic-gpu-product": (

@@ -152,6 +152,16 @@ def triton_options(table, sizes, given, least=1):
     return (*blocks, *chosen[count:])
 
 
+def mgpu_check_whole(kernel, dim, size, block, most):
+    """Refuses a dimension of `size` that Mosaic GPU would hold whole in one `block` (its
+    size padded to what TMA copies) larger than `most`, before anything compiles."""
+    if block > most:
+        raise ValueError(
+            f'{kernel}: gpu_backend="mosaic_gpu" holds {dim} whole, up to {most}; got {dim}={size}'
+            ' (use gpu_backend="triton")'
+        )
+
+
 def mgpu_check_choices(kernel, dims, chosen, depths, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
     `chosen` are a product's blocks of its M, N and K (`dims`, the kernel's names of
