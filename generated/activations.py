@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -27,8 +38,6 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_tpu_blocks = rt.TpuBlocks(
     "leaky",
     sizes=("M", "N"),
@@ -39,10 +48,8 @@ _leaky_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) +
-    # let pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -52,17 +59,11 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n),
         interpret=interpret,
         name="leaky",
     )(x)
@@ -70,7 +71,6 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -80,15 +80,11 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -101,10 +97,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="leaky",
@@ -132,8 +125,6 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
 
 
 def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
-    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -151,9 +142,9 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
 
 
 def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
-    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
-    nothing else: the backward kernels recompute the values they need (pos) from them.
+    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels leaky_backward. The forward pass saves its inputs (x) and nothing else: the backward kernels
+    recompute the values they need (pos) from them.
     """
     (x,) = saved
     dy, _ = cotangents
@@ -162,8 +153,8 @@ def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N")), "mask": (jnp.int32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "mask: i32[M, N]"),
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_tpu,
@@ -178,13 +169,8 @@ def leaky(x, *, slope=0.01):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n: TPU blocks (None: as _leaky_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
@@ -204,8 +190,6 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_backward_tpu_blocks = rt.TpuBlocks(
     "leaky_backward",
     sizes=("M", "N"),
@@ -216,10 +200,8 @@ _leaky_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
-    """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let
-    # pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -231,12 +213,9 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n),
         interpret=interpret,
         name="leaky_backward",
     )(x, dy)
@@ -244,7 +223,6 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -254,15 +232,11 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -294,22 +268,17 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, dy_ref, dx_ref)
 
 
 def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
-    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
-        ),
+        functools.partial(_leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -319,8 +288,8 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "dy: f32[M, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_backward_tpu,
@@ -334,13 +303,8 @@ def leaky_backward(x, dy, *, slope=0.01):
     Args:
       x: f32[M, N].
       dy: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n: TPU blocks (None: as _leaky_backward_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -354,34 +318,21 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     x = x_ref[...]
     bias = bias_ref[...]
     scale = scale_ref[...]
-    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-        jnp.bfloat16
-    )
+    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_tpu_blocks = rt.TpuBlocks(
     "bias_gelu",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (1024, 1024)},
-        "v5e": {(8192, 8192): (2048, 1024)},
-        "v6e": {(8192, 8192): (2048, 1024)},
-    },
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        8 * block_m * block_n + 8 * block_n + 8 * block_m,
-    ),
+    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 8 * block_m * block_n + 8 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # y 2.0 MiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB).
     return pl.pallas_call(
         _bias_gelu_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -398,9 +349,7 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
             vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n,
+            flops=3 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n
         ),
         interpret=interpret,
         name="bias_gelu",
@@ -409,29 +358,20 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
 
 def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     bias = rt.load(bias_ref, (None, in_n))
     scale = rt.load(scale_ref, (in_m, None))
-    rt.store(
-        y_ref,
-        jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
-        inside,
-    )
+    rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -459,9 +399,7 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
-        y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-            jnp.bfloat16
-        )
+        y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(
         step,
@@ -471,15 +409,11 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(x_ref, bias_ref, scale_ref, y_ref)
 
 
 def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
-    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -495,30 +429,21 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
 
 
 def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
-    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
-    nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels bias_gelu_backward, bias_gelu_backward_over_m, bias_gelu_backward_over_n. The forward pass saves its
+    inputs (x, bias, scale) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, bias, scale = saved
     dy = cotangents
     dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dbias = bias_gelu_backward_over_m(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dscale = bias_gelu_backward_over_n(
-        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dbias = bias_gelu_backward_over_m(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dscale = bias_gelu_backward_over_n(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dbias, dscale
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_tpu,
     triton=_bias_gelu_gpu,
@@ -532,18 +457,13 @@ def bias_gelu(x, bias, scale):
       x: bf16[M, N].
       bias: f32[N].
       scale: f32[M].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
-    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
+    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
+    bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
     bias = bias[None, :]
     scale = scale[:, None]
@@ -560,32 +480,24 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 8 * block_n + 8 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0
-    # MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
+    # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -603,9 +515,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=24 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n,
+            flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward",
@@ -614,7 +524,6 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
 
 def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -626,23 +535,16 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
-def _bias_gelu_backward_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -664,9 +566,7 @@ def _bias_gelu_backward_gpu(
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_mosaic_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n
-):
+def _bias_gelu_backward_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
@@ -678,8 +578,7 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         dx_smem[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
@@ -692,15 +591,11 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
 
 
 def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
@@ -716,13 +611,8 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_tpu,
     triton=_bias_gelu_backward_gpu,
@@ -737,12 +627,7 @@ def bias_gelu_backward(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       dx: bf16[M, N].
@@ -753,16 +638,13 @@ def bias_gelu_backward(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx = (dy_1 * scale).astype(jnp.bfloat16)
     return dx
 
 
-def _bias_gelu_backward_over_m_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m
-):
+def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -777,8 +659,7 @@ def _bias_gelu_backward_over_m_kernel(
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -791,33 +672,24 @@ def _bias_gelu_backward_over_m_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_m",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 16 * block_n + 8 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 16 * block_n + 8 * block_m),
 )
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n)
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2
-    # 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
+    # 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
-        # M accumulate in order (arbitrary).
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # x: bf16[M, N]
@@ -825,8 +697,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),  # scale: f32[M], broadcast over N
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # dy: bf16[M, N]
         ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
@@ -835,20 +706,15 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=23 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
+            flops=23 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_m",
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_over_m_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m
-):
+def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
     bias = rt.load(bias_ref, inside)
@@ -864,8 +730,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -880,24 +745,17 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _bias_gelu_backward_over_m_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -914,18 +772,7 @@ def _bias_gelu_backward_over_m_gpu(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
-    x_ref,
-    bias_ref,
-    scale_ref,
-    dy_ref,
-    dbias_ref,
-    barrier,
-    bias_smem,
-    dbias_smem,
-    *,
-    block_m,
-    block_n,
-    m,
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
 ):
     program_n = jax.lax.axis_index("N")
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
@@ -941,14 +788,11 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         y_2 = y_1 * scale + rt.mgpu_spread(bias, (block_m, block_n), 1)
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -970,16 +814,12 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
-        functools.partial(
-            _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
+        functools.partial(_bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -994,13 +834,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_m_tpu,
     triton=_bias_gelu_backward_over_m_gpu,
@@ -1015,12 +850,8 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_m_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dbias: f32[N].
@@ -1033,17 +864,14 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
     dbias = dbias.reshape((n,))
     return dbias
 
 
-def _bias_gelu_backward_over_n_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n
-):
+def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -1058,8 +886,7 @@ def _bias_gelu_backward_over_n_kernel(
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_n_block = dy_1 * y_1
     if n % block_n:  # a ragged N: its identity past the end, never padding
@@ -1072,33 +899,24 @@ def _bias_gelu_backward_over_n_kernel(
         dscale_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_n",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (
-        block_m * block_n,
-        28 * block_m * block_n + 8 * block_n + 16 * block_m,
-    ),
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 16 * block_m),
 )
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n)
-    )
-    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let
-    # y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n))
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
+    # 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of N. Steps along M are independent (parallel); steps along
-        # N accumulate in order (arbitrary).
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
@@ -1106,8 +924,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        # dscale: f32[M], broadcast over N
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
@@ -1116,20 +933,15 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=24 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n,
+            flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_n",
     )(x, bias, scale, dy)
 
 
-def _bias_gelu_backward_over_n_gpu_kernel(
-    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n
-):
+def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n):
     block_m, _ = dscale_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     scale = rt.load(scale_ref, inside)
@@ -1145,8 +957,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end, never padding
@@ -1161,24 +972,17 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     rt.store(dscale_ref, sum_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
-def _bias_gelu_backward_over_n_gpu(
-    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1195,18 +999,7 @@ def _bias_gelu_backward_over_n_gpu(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
-    x_ref,
-    bias_ref,
-    scale_ref,
-    dy_ref,
-    dscale_ref,
-    barrier,
-    scale_smem,
-    dscale_smem,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, barrier, scale_smem, dscale_smem, *, block_m, block_n, n
 ):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
@@ -1222,14 +1015,11 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         y_2 = y_1 * rt.mgpu_spread(scale, (block_m, block_n), 0) + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_3)
-            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1251,16 +1041,12 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
 
 
 def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
-    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dscale,) = plgpu.kernel(
-        functools.partial(
-            _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -1275,13 +1061,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dscale": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dscale: f32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_n_tpu,
     triton=_bias_gelu_backward_over_n_gpu,
@@ -1296,12 +1077,8 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
       bias: f32[N].
       scale: f32[M].
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_n_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dscale: f32[M].
@@ -1314,8 +1091,7 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_3)
-        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
     dscale = dscale.reshape((m,))
@@ -1330,27 +1106,19 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_tpu_blocks = rt.TpuBlocks(
     "quantize_rows",
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (1024, 1024)},
-        "v5e": {(8192, 8192): (2048, 1024)},
-        "v6e": {(8192, 8192): (2048, 1024)},
-    },
+    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
     step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
 )
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
-    """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) +
-    # let scaled 4.0 MiB + let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
+    # let rounded 4.0 MiB.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1365,9 +1133,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "parallel"),
             vmem_limit_bytes=rt.vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n),
         interpret=interpret,
         name="quantize_rows",
     )(x, scale)
@@ -1375,7 +1141,6 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
 
 def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1386,15 +1151,11 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1436,8 +1197,6 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
 
 
 def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
-    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
@@ -1452,15 +1211,15 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
 
 
 def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
+    no float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
-    outputs={"q": (jnp.int8, ("M", "N"))},
+    inputs=("x: f32[M, N]", "scale: f32[M] as [M, 1]"),
+    outputs=("q: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_tpu,
     triton=_quantize_rows_gpu,
@@ -1474,18 +1233,13 @@ def quantize_rows(x, scale):
     Args:
       x: f32[M, N].
       scale: f32[M].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _quantize_rows_tpu_blocks chooses; the spec's: 1024, 1024).
 
     Returns:
       q: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     scale = scale[:, None]
     scaled = x / scale

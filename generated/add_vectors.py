@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -26,8 +37,6 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_tpu_blocks = rt.TpuBlocks(
     "add_vectors",
     sizes=("N",),
@@ -38,10 +47,8 @@ _add_vectors_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
-    """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks
-    # that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB).
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -55,9 +62,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n),
         interpret=interpret,
         name="add_vectors",
     )(x, y)
@@ -65,7 +70,6 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
 
 def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     (block_n,) = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
     x = rt.load(x_ref, inside)
@@ -73,18 +77,12 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = rt.triton_options(
-        _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
-    )
+    block_n, num_warps, num_stages = rt.triton_options(_add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages))
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
@@ -118,8 +116,6 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
 
 
 def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
-    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
@@ -134,9 +130,9 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
 
 
 def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
-    y) and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels add_vectors_backward. The forward pass saves its inputs (x, y) and nothing else: the backward
+    kernels recompute the values they need from them.
     """
     dz = cotangents
     dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
@@ -144,8 +140,8 @@ def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
-    outputs={"z": (jnp.float32, ("N",))},
+    inputs=("x: f32[N]", "y: f32[N]"),
+    outputs=("z: f32[N]",),
     sizes={"N": "n"},
     tpu=_add_vectors_tpu,
     triton=_add_vectors_gpu,
@@ -158,18 +154,12 @@ def add_vectors(x, y):
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
-        grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _add_vectors_tpu_blocks chooses; the spec's: 1048576).
 
     Returns:
       z: f32[N].
 
-    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
-    (_add_vectors_vjp).
+    Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
     """
     z = x + y
     return z
@@ -181,8 +171,6 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
     "add_vectors_backward",
     sizes=("N",),
@@ -193,10 +181,8 @@ _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
-    """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_backward_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -206,16 +192,11 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n),
         interpret=interpret,
         name="add_vectors_backward",
     )(dz)
@@ -223,7 +204,6 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
 
 def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     (block_n,) = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
     dz = rt.load(dz_ref, inside)
@@ -231,15 +211,11 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = rt.triton_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
@@ -252,10 +228,7 @@ def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpre
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="add_vectors_backward",
@@ -279,17 +252,12 @@ def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
 
 
 def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 256
     padded_n = n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_n,))
     dx, dy = plgpu.kernel(
         functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
         grid=(pl.cdiv(padded_n, block_n),),
         grid_names=("N",),
         interpret=interpret,
@@ -298,8 +266,8 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("N",))},
-    outputs={"dx": (jnp.float32, ("N",)), "dy": (jnp.float32, ("N",))},
+    inputs=("dz: f32[N]",),
+    outputs=("dx: f32[N]", "dy: f32[N]"),
     sizes={"N": "n"},
     tpu=_add_vectors_backward_tpu,
     triton=_add_vectors_backward_gpu,
@@ -311,12 +279,7 @@ def add_vectors_backward(dz):
 
     Args:
       dz: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _add_vectors_backward_tpu_blocks chooses; the spec's: 1048576).
 
     Returns:
       dx: f32[N]; dy: f32[N].

@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -47,9 +58,7 @@ def _attention_kernel(
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
 
-    def _strip(
-        q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, strip_s, strip_t
-    ):
+    def _strip(q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -58,8 +67,7 @@ def _attention_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         max_t_block = s
@@ -67,9 +75,7 @@ def _attention_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         p = jnp.exp(s - max_t_shift)
@@ -84,27 +90,14 @@ def _attention_kernel(
         sum_exp_t_block = p
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
             sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-            sum_exp_t_block, axis=1, keepdims=True
-        )
+        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    max_t_ref,
-                    acc_t_ref,
-                    sum_exp_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
+                _strip(q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, block_s, block_t)
             else:
                 _strip(
                     q_ref.at[pl.ds(row, rows)],
@@ -139,8 +132,6 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_tpu_blocks = rt.TpuBlocks(
     "attention",
     sizes=("B", "H", "S", "D", "T"),
@@ -150,18 +141,12 @@ _attention_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         12 * block_s * d + 8 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
+    block_s, block_t = rt.tpu_blocks(_attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -175,10 +160,9 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is
-    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
-    # (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
+    # B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
+    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_kernel,
@@ -189,22 +173,17 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -213,12 +192,10 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
@@ -232,7 +209,6 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
 
 def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -249,10 +225,7 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             max_t_block = s
@@ -260,10 +233,8 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            # a row of -inf so far subtracts 0
-            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             acc_t_lhs = p
@@ -271,9 +242,7 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
                 acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
                 acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-            acc_t = max_t_rescale * acc_t + jnp.dot(
-                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-            )
+            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             sum_exp_t_block = p
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
                 sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
@@ -297,42 +266,28 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _attention_gpu(
-    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        functools.partial(_attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -375,9 +330,7 @@ def _attention_mosaic_gpu_kernel(
             max_t, acc_t, sum_exp_t = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -386,22 +339,16 @@ def _attention_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            # a row of -inf so far subtracts 0
-            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             operand = p
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d),
-                operand,
-                v_smem,
-                split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_2),
+                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
             )
             sum_exp_t_block = p
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
@@ -432,22 +379,15 @@ def _attention_mosaic_gpu_kernel(
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
-        functools.partial(
-            _attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
-        ),
+        functools.partial(_attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
@@ -464,38 +404,26 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
-    pass saves its inputs (q, k, v) and its outputs o, lse (read, not recomputed): the
-    backward kernels recompute the values they need (s, p) from them.
+    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels attention_backward_dq, attention_backward_dkdv. The forward pass saves its inputs (q, k, v) and its
+    outputs o, lse (read, not recomputed): the backward kernels recompute the values they need (s, p) from them.
     """
     q, k, v, o, lse = saved
     do, dlse = cotangents
     dq, delta = attention_backward_dq(
         q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
-    dk, dv = attention_backward_dkdv(
-        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dk, dv = attention_backward_dkdv(q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
     return dq, dk, dv
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_tpu,
@@ -511,19 +439,14 @@ def attention(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
 
-    Gradients: jax.grad runs the generated backward kernels attention_backward_dq,
-    attention_backward_dkdv (_attention_vjp).
+    Gradients: jax.grad runs the generated backward kernels attention_backward_dq, attention_backward_dkdv
+    (_attention_vjp).
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -538,10 +461,7 @@ def attention(q, k, v, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -552,10 +472,7 @@ def attention(q, k, v, *, scale=0.125):
     o = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhst,bhdt->bhsd",
-                jnp.squeeze(p, (3,)),
-                jnp.squeeze(v, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhst,bhdt->bhsd", jnp.squeeze(p, (3,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -594,20 +511,7 @@ def _attention_backward_dq_kernel(
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    def _strip(
-        q_ref,
-        k_ref,
-        v_ref,
-        o_ref,
-        do_ref,
-        lse_ref,
-        dlse_ref,
-        acc_t_ref,
-        s_start,
-        t_start,
-        strip_s,
-        strip_t,
-    ):
+    def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -620,17 +524,12 @@ def _attention_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        delta = (
-            jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
-        )
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
@@ -643,9 +542,7 @@ def _attention_backward_dq_kernel(
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
@@ -653,18 +550,7 @@ def _attention_backward_dq_kernel(
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
                 _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    o_ref,
-                    do_ref,
-                    lse_ref,
-                    dlse_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
+                    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, acc_t_ref, s_start, t_start, block_s, block_t
                 )
             else:
                 _strip(
@@ -699,15 +585,11 @@ def _attention_backward_dq_kernel(
         do = do_ref[...]
         dlse = dlse_ref[...]
         acc_t = acc_t_ref[...]
-        delta = (
-            jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
-        )
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         delta_ref[...] = delta
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -717,20 +599,12 @@ _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         20 * block_s * d + 8 * block_t * d + 24 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
-def _attention_backward_dq_tpu(
-    q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
-):
-    """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
+def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
+    block_s, block_t = rt.tpu_blocks(_attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -744,10 +618,9 @@ def _attention_backward_dq_tpu(
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The
-    # limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the
-    # lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
+    # + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks:
+    # their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_kernel,
@@ -758,30 +631,21 @@ def _attention_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
-            # dlse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # dlse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -789,15 +653,12 @@ def _attention_backward_dq_tpu(
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v, o, do, lse, dlse)
-            + 2 * b * h * size_s * d
-            + 4 * b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse, dlse) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_backward_dq",
@@ -805,24 +666,9 @@ def _attention_backward_dq_tpu(
 
 
 def _attention_backward_dq_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dlse_ref,
-    dq_ref,
-    delta_ref,
-    *,
-    size_s,
-    d,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -843,21 +689,14 @@ def _attention_backward_dq_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - lse)
-            dp = jax.lax.dot_general(
-                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             delta = (
                 jnp.sum(
-                    rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-                    axis=1,
-                    keepdims=True,
+                    rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
                 )
                 - dlse
             )
@@ -879,89 +718,46 @@ def _attention_backward_dq_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
-    )
+    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
     o = rt.load(o_ref, (in_s, in_d), other=0)
     do = rt.load(do_ref, (in_s, in_d), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
-        jnp.sum(
-            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-            keepdims=True,
-        )
+        jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
         - dlse
     )
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_backward_dq_gpu(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    dlse,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_backward_dq_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        functools.partial(_attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
-            # dlse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # dlse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -1007,9 +803,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
     rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
     rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    rt.mgpu_copy_in(
-        dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4]
-    )
+    rt.mgpu_copy_in(dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -1022,38 +816,27 @@ def _attention_backward_dq_mosaic_gpu_kernel(
             (acc_t,) = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             delta = (
-                jnp.sum(
-                    rt.mgpu_fill_past(
-                        (do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0
-                    ),
-                    axis=1,
-                )
+                jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
                 - dlse
             )
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 ds,
                 0,
             )
             operand = (ds_1 * scale).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1064,20 +847,12 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     dlse = rt.mgpu_load_vector(dlse_smem, 0)
-    delta = (
-        jnp.sum(
-            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-        )
-        - dlse
-    )
+    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1) - dlse
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
     rt.mgpu_copy_out(
@@ -1086,17 +861,10 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     )
 
 
-def _attention_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret
-):
-    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1107,13 +875,7 @@ def _attention_backward_dq_mosaic_gpu(
     dlse = rt.mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
-            _attention_backward_dq_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_backward_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
@@ -1134,25 +896,20 @@ def _attention_backward_dq_mosaic_gpu(
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse, dlse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-        "dlse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+        "dlse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dq_tpu,
@@ -1171,13 +928,8 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       dlse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_backward_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -1199,10 +951,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -1211,23 +960,10 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     )
     p = jnp.exp(s - lse)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
-    delta = (
-        jnp.sum(
-            (do.astype(jnp.float32) * o.astype(jnp.float32)),
-            axis=3,
-            keepdims=True,
-            dtype=jnp.float32,
-        )
-        - dlse
-    )
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32) - dlse
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
@@ -1278,18 +1014,7 @@ def _attention_backward_dkdv_kernel(
         acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
-        q_ref,
-        k_ref,
-        v_ref,
-        do_ref,
-        lse_ref,
-        delta_ref,
-        acc_s_ref,
-        acc_s_2_ref,
-        t_start,
-        s_start,
-        strip_t,
-        strip_s,
+        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, acc_s_ref, acc_s_2_ref, t_start, s_start, strip_t, strip_s
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
@@ -1302,14 +1027,11 @@ def _attention_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
@@ -1322,17 +1044,13 @@ def _attention_backward_dkdv_kernel(
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
             acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
-        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
-            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
         acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
             acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
-            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
@@ -1388,8 +1106,6 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -1399,20 +1115,12 @@ _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
         min(block_t, 256) * block_s,
         8 * block_s * d + 24 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, t, d, size_s: (
-        min(1 << (t.bit_length() - 1), 4096),
-        min(1 << (size_s.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, t, d, size_s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
 )
 
 
-def _attention_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
-):
-    """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = rt.tpu_blocks(
-        _attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
-    )
+def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret):
+    block_t, block_s = rt.tpu_blocks(_attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
@@ -1426,10 +1134,9 @@ def _attention_backward_dkdv_tpu(
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
-    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
-    # and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
+    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
+    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel,
@@ -1440,28 +1147,20 @@ def _attention_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
-        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
+        # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -1472,8 +1171,7 @@ def _attention_backward_dkdv_tpu(
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
@@ -1489,7 +1187,6 @@ def _attention_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -1509,16 +1206,11 @@ def _attention_backward_dkdv_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
-                jax.lax.dot_general(
-                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - lse)
-            dp = jax.lax.dot_general(
-                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             ds = p * (dp - delta)
             ds_1 = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
@@ -1537,9 +1229,7 @@ def _attention_backward_dkdv_gpu_kernel(
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
                 acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
                 acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-            acc_s_2 = acc_s_2 + jnp.dot(
-                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-            )
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1549,82 +1239,39 @@ def _attention_backward_dkdv_gpu_kernel(
         0,
         pl.cdiv(size_s, block_s),
         accumulate,
-        (
-            jnp.full((block_t, block_d), 0, jnp.float32),
-            jnp.full((block_t, block_d), 0, jnp.float32),
-        ),
+        (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
     rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_backward_dkdv_gpu(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_backward_dkdv_gpu_options,
-        (t, size_s, b, h, d),
-        (block_t, block_s, num_warps, num_stages),
-        16,
+        _attention_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_backward_dkdv_gpu_kernel,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_s=block_s,
-            scale=scale,
-        ),
-        # One program per element of B, element of H, block of T; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of S itself, carrying running values.
+        functools.partial(_attention_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale),
+        # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -1674,9 +1321,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
             delta = rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -1685,24 +1330,18 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
             ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 ds,
                 0,
             )
             operand = p.astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
                 operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
-            acc_s = acc_s + rt.mgpu_dot(
-                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
             operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
                 operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-            acc_s_2 = acc_s_2 + rt.mgpu_dot(
-                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
-            )
+            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1736,17 +1375,10 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     )
 
 
-def _attention_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
-):
-    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -1756,12 +1388,7 @@ def _attention_backward_dkdv_mosaic_gpu(
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
-            _attention_backward_dkdv_mosaic_gpu_kernel,
-            h=h,
-            t=t,
-            size_s=size_s,
-            block_s=block_s,
-            scale=scale,
+            _attention_backward_dkdv_mosaic_gpu_kernel, h=h, t=t, size_s=size_s, block_s=block_s, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
@@ -1784,18 +1411,15 @@ def _attention_backward_dkdv_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dkdv_tpu,
@@ -1813,13 +1437,8 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_backward_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -1840,10 +1459,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -1861,12 +1477,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         (4,),
     ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
     ds = p * (dp - delta)
@@ -1916,9 +1527,7 @@ def _attention_dq_kernel(
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    def _strip(
-        q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
-    ):
+    def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -1930,42 +1539,25 @@ def _attention_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    o_ref,
-                    do_ref,
-                    lse_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
+                _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, block_s, block_t)
             else:
                 _strip(
                     q_ref.at[pl.ds(row, rows)],
@@ -2002,8 +1594,6 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dq_tpu_blocks = rt.TpuBlocks(
     "attention_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -2013,20 +1603,12 @@ _attention_dq_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         20 * block_s * d + 8 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
-def _attention_dq_tpu(
-    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
-):
-    """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
+def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
+    block_s, block_t = rt.tpu_blocks(_attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -2040,10 +1622,9 @@ def _attention_dq_tpu(
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
-    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
-    # (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
+    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dq_kernel,
@@ -2054,28 +1635,20 @@ def _attention_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -2083,15 +1656,12 @@ def _attention_dq_tpu(
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + 2 * b * h * size_s * d
-            + 4 * b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_dq",
@@ -2102,7 +1672,6 @@ def _attention_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -2122,20 +1691,13 @@ def _attention_dq_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - lse)
-            dp = jax.lax.dot_general(
-                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             delta = jnp.sum(
-                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-                axis=1,
-                keepdims=True,
+                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
             )
             acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
             acc_t_rhs = k
@@ -2148,82 +1710,41 @@ def _attention_dq_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
-    )
+    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
     o = rt.load(o_ref, (in_s, in_d), other=0)
     do = rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(
-        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-        axis=1,
-        keepdims=True,
-    )
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_dq_gpu(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_dq_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        functools.partial(_attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -2278,24 +1799,17 @@ def _attention_dq_mosaic_gpu_kernel(
             (acc_t,) = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-            delta = jnp.sum(
-                rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-                axis=1,
-            )
+            delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
             operand = (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -2306,15 +1820,11 @@ def _attention_dq_mosaic_gpu_kernel(
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(
-        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
-    )
+    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
     delta_smem[...] = delta
     dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
     rt.mgpu_copy_out(
@@ -2324,14 +1834,9 @@ def _attention_dq_mosaic_gpu_kernel(
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2340,15 +1845,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
-        functools.partial(
-            _attention_dq_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
-        ),
+        functools.partial(_attention_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
@@ -2367,32 +1864,26 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 def _attention_dq_vjp(saved, cotangents):
     """`attention_dq` has no backward pass: its spec says `grad none`."""
     raise TypeError(
-        "attention_dq is not differentiable: its spec turns gradients off (`grad "
-        "none` at specs/attention.pallas:32)"
+        "attention_dq is not differentiable: its spec turns gradients off (`grad none` at " "specs/attention.pallas:32)"
     )
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_dq_tpu,
@@ -2413,13 +1904,8 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -2442,10 +1928,7 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -2454,17 +1937,10 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     )
     p = jnp.exp(s - lse)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
-    )
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     dq = (
         jnp.expand_dims(
             jnp.einsum(
@@ -2511,18 +1987,7 @@ def _attention_dkdv_kernel(
         acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
-        q_ref,
-        k_ref,
-        v_ref,
-        do_ref,
-        lse_ref,
-        delta_ref,
-        acc_s_ref,
-        acc_s_2_ref,
-        t_start,
-        s_start,
-        strip_t,
-        strip_s,
+        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, acc_s_ref, acc_s_2_ref, t_start, s_start, strip_t, strip_s
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
@@ -2535,30 +2000,23 @@ def _attention_dkdv_kernel(
         st = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         pt = jnp.exp(st - lse)
-        dpt = jax.lax.dot_general(
-            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         acc_s_lhs = pt.astype(jnp.bfloat16)
         acc_s_rhs = do
         if s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, s, 1, 0)
             acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, s, 0, 0)
-        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
-            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
         acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
             acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
-        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
-            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
@@ -2614,8 +2072,6 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -2625,20 +2081,12 @@ _attention_dkdv_tpu_blocks = rt.TpuBlocks(
         min(block_t, 256) * block_s,
         8 * block_s * d + 24 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, t, d, s: (
-        min(1 << (t.bit_length() - 1), 4096),
-        min(1 << (s.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, t, d, s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
 )
 
 
-def _attention_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret
-):
-    """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = rt.tpu_blocks(
-        _attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s)
-    )
+def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret):
+    block_t, block_s = rt.tpu_blocks(_attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
@@ -2652,10 +2100,9 @@ def _attention_dkdv_tpu(
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
-    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
-    # and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
+    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
+    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_kernel,
@@ -2666,28 +2113,20 @@ def _attention_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
-        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
+        # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -2698,8 +2137,7 @@ def _attention_dkdv_tpu(
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * s * d,
@@ -2715,7 +2153,6 @@ def _attention_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -2735,16 +2172,11 @@ def _attention_dkdv_gpu_kernel(
             st = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
-                jax.lax.dot_general(
-                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             pt = jnp.exp(st - lse)
-            dpt = jax.lax.dot_general(
-                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             acc_s_lhs = pt.astype(jnp.bfloat16)
             acc_s_rhs = do
             if s % block_s:  # a ragged S: both operands 0 past its end, never padding
@@ -2756,9 +2188,7 @@ def _attention_dkdv_gpu_kernel(
             if s % block_s:  # a ragged S: both operands 0 past its end, never padding
                 acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
                 acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
-            acc_s_2 = acc_s_2 + jnp.dot(
-                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-            )
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -2768,70 +2198,39 @@ def _attention_dkdv_gpu_kernel(
         0,
         pl.cdiv(s, block_s),
         accumulate,
-        (
-            jnp.full((block_t, block_d), 0, jnp.float32),
-            jnp.full((block_t, block_d), 0, jnp.float32),
-        ),
+        (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
     rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
     rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_dkdv_gpu(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    h,
-    t,
-    d,
-    s,
-    block_t,
-    block_s,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
-        # One program per element of B, element of H, block of T; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of S itself, carrying running values.
+        # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
             pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -2881,9 +2280,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
             delta = rt.mgpu_load_vector(delta_smem, 1)
             st = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
-                ),
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -2892,17 +2289,11 @@ def _attention_dkdv_mosaic_gpu_kernel(
             operand = pt.astype(jnp.bfloat16)
             if s % block_s:  # a ragged S: 0 past its end
                 operand = rt.mgpu_fill_past(operand, s_start, s, 1, 0)
-            acc_s = acc_s + rt.mgpu_dot(
-                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
-            )
-            operand_2 = (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(
-                jnp.bfloat16
-            )
+            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            operand_2 = (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(jnp.bfloat16)
             if s % block_s:  # a ragged S: 0 past its end
                 operand_2 = rt.mgpu_fill_past(operand_2, s_start, s, 1, 0)
-            acc_s_2 = acc_s_2 + rt.mgpu_dot(
-                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
-            )
+            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -2937,14 +2328,9 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
-    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_dkdv", "D", d, block_d, 256)
     padded_t, padded_s = t + -t % block_t, s + -s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -2953,9 +2339,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     lse = rt.mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
     dk, dv = plgpu.kernel(
-        functools.partial(
-            _attention_dkdv_mosaic_gpu_kernel, h=h, t=t, s=s, block_s=block_s, scale=scale
-        ),
+        functools.partial(_attention_dkdv_mosaic_gpu_kernel, h=h, t=t, s=s, block_s=block_s, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
@@ -2979,24 +2363,21 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
 def _attention_dkdv_vjp(saved, cotangents):
     """`attention_dkdv` has no backward pass: its spec says `grad none`."""
     raise TypeError(
-        "attention_dkdv is not differentiable: its spec turns gradients off (`grad "
-        "none` at specs/attention.pallas:49)"
+        "attention_dkdv is not differentiable: its spec turns gradients off (`grad none` at "
+        "specs/attention.pallas:49)"
     )
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "s"},
     params={"scale": jnp.float32},
     tpu=_attention_dkdv_tpu,
@@ -3014,13 +2395,8 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -3043,10 +2419,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -3064,12 +2437,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         (4,),
     ).astype(jnp.bfloat16)
     dpt = jnp.expand_dims(
-        jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
     dk = (
@@ -3104,38 +2472,27 @@ def _attention_full_with_residuals_kernel(
     q = q_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    max_t_block = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-    )
+    max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
         max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
+    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-        - max_t_shift
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale - max_t_shift
     )
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
         sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3146,49 +2503,33 @@ def _attention_full_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_full_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
-    step=lambda b, h, s, d, t, block_s, block_t: (
-        block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
+    step=lambda b, h, s, d, t, block_s, block_t: (block_s * block_t, 12 * block_s * d + 8 * block_t * d + 16 * block_s),
     bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
 )
 
 
-def _attention_full_with_residuals_tpu(
-    q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret
-):
-    """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
-    # need more than Mosaic's default raise the limit.
+def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
+    block_s, block_t = rt.tpu_blocks(_attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
@@ -3196,8 +2537,7 @@ def _attention_full_with_residuals_tpu(
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
@@ -3214,11 +2554,8 @@ def _attention_full_with_residuals_tpu(
     )(q, k, v)
 
 
-def _attention_full_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale
-):
+def _attention_full_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -3229,21 +2566,16 @@ def _attention_full_with_residuals_gpu_kernel(
         max_t, sum_exp_t, acc_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        max_t_block = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-        )
+        max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        # a row of -inf so far subtracts 0
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
             - max_t_shift
         )
         sum_exp_t_block = sum_exp_t_terms
@@ -3255,9 +2587,7 @@ def _attention_full_with_residuals_gpu_kernel(
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -3275,45 +2605,30 @@ def _attention_full_with_residuals_gpu_kernel(
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_with_residuals_gpu_options,
-        (s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_full_with_residuals_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        functools.partial(_attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
@@ -3357,11 +2672,9 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        # a row of -inf so far subtracts 0
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        # what the terms so far are worth now
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -3374,11 +2687,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
+            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
         return max_t, sum_exp_t, acc_t
 
@@ -3403,26 +2712,16 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
 
 
 def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_with_residuals", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _attention_full_with_residuals_mosaic_gpu_kernel,
-            h=h,
-            s=s,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_full_with_residuals_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),
@@ -3444,15 +2743,8 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_with_residuals_tpu,
@@ -3467,13 +2759,9 @@ def attention_full_with_residuals(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_with_residuals_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -3516,10 +2804,7 @@ def attention_full_with_residuals(q, k, v, *, scale=0.125):
         (
             jnp.expand_dims(
                 jnp.einsum(
-                    "bhsd,bhdt->bhst",
-                    jnp.squeeze(q, (4,)),
-                    jnp.squeeze(k, (2,)),
-                    preferred_element_type=jnp.float32,
+                    "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
                 ),
                 (3,),
             )
@@ -3533,9 +2818,7 @@ def attention_full_with_residuals(q, k, v, *, scale=0.125):
     return o, lse
 
 
-def _attention_full_kernel(
-    q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
-):
+def _attention_full_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
@@ -3548,38 +2831,27 @@ def _attention_full_kernel(
     q = q_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    max_t_block = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-    )
+    max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
         max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
+    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-        - max_t_shift
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale - max_t_shift
     )
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
         sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3588,49 +2860,35 @@ def _attention_full_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_tpu_blocks = rt.TpuBlocks(
     "attention_full",
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
-    step=lambda b, h, s, d, t, block_s, block_t: (
-        block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s,
-    ),
+    step=lambda b, h, s, d, t, block_s, block_t: (block_s * block_t, 12 * block_s * d + 8 * block_t * d + 8 * block_s),
     bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
 )
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
-    )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    block_s, block_t = rt.tpu_blocks(_attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
+    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
         ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
         out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
@@ -3649,7 +2907,6 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
 
 def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -3660,21 +2917,16 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, 
         max_t, sum_exp_t, acc_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        max_t_block = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-        )
+        max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        # a row of -inf so far subtracts 0
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
             - max_t_shift
         )
         sum_exp_t_block = sum_exp_t_terms
@@ -3686,9 +2938,7 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, 
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -3705,37 +2955,26 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, 
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _attention_full_gpu(
-    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _attention_full_gpu(q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
         out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3744,21 +2983,7 @@ def _attention_full_gpu(
 
 
 def _attention_full_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    s,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, h, s, t, block_t, scale
 ):
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
@@ -3773,11 +2998,9 @@ def _attention_full_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        # a row of -inf so far subtracts 0
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        # what the terms so far are worth now
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
             rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
@@ -3790,11 +3013,7 @@ def _attention_full_mosaic_gpu_kernel(
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
+            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
         return max_t, sum_exp_t, acc_t
 
@@ -3815,22 +3034,15 @@ def _attention_full_mosaic_gpu_kernel(
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
-        functools.partial(
-            _attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale
-        ),
+        functools.partial(_attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
         scratch_types=[
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
@@ -3847,11 +3059,10 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
 
 
 def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
-    The forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and
-    the residuals lse (forward values that cost more to recompute than to save): the
-    backward kernels recompute the values they need from them.
+    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels attention_full_backward_dq, attention_full_backward_dkdv. The forward pass saves its inputs
+    (q, k, v), its outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
     """
     q, k, v, o, lse = saved
     do = cotangents
@@ -3865,12 +3076,8 @@ def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]",),
     sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
@@ -3887,13 +3094,8 @@ def attention_full(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -3955,10 +3157,7 @@ def _attention_full_backward_dq_kernel(
     lse = lse_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    s = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-    )
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
@@ -3968,9 +3167,7 @@ def _attention_full_backward_dq_kernel(
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3982,8 +3179,6 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -3997,40 +3192,26 @@ _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _attention_full_backward_dq_tpu(
-    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
-):
-    """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
-    # more than Mosaic's default raise the limit.
+def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
+    block_s, block_t = rt.tpu_blocks(_attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -4044,9 +3225,7 @@ def _attention_full_backward_dq_tpu(
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + 2 * b * h * size_s * d
-            + 4 * b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_full_backward_dq",
@@ -4057,7 +3236,6 @@ def _attention_full_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -4071,18 +3249,11 @@ def _attention_full_backward_dq_gpu_kernel(
         (acc_t,) = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        s = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-        )
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum(
-            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-            keepdims=True,
+            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
         )
         ds = p * (dp - delta)
         acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
@@ -4093,87 +3264,43 @@ def _attention_full_backward_dq_gpu_kernel(
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
-    (acc_t,) = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
-    )
+    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
     o = rt.load(o_ref, (in_s, in_d), other=0)
     do = rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(
-        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-        axis=1,
-        keepdims=True,
-    )
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_backward_dq_gpu(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_backward_dq_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_full_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
-            _attention_full_backward_dq_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_full_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -4227,17 +3354,12 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-        delta = jnp.sum(
-            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = (ds * scale).astype(jnp.bfloat16)
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
-        )
+        acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
         return (acc_t,)
 
     (acc_t,) = plgpu.emit_pipeline(
@@ -4245,15 +3367,11 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(
-        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
-    )
+    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
     rt.mgpu_copy_out(
@@ -4262,17 +3380,10 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     )
 
 
-def _attention_full_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
-):
-    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4282,13 +3393,7 @@ def _attention_full_backward_dq_mosaic_gpu(
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
-            _attention_full_backward_dq_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_full_backward_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
@@ -4308,24 +3413,19 @@ def _attention_full_backward_dq_mosaic_gpu(
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dq_tpu,
@@ -4343,13 +3443,9 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_full_backward_dq_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -4368,10 +3464,7 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -4379,17 +3472,10 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     )
     p = jnp.exp(s - lse)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
-    )
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
         jnp.einsum(
@@ -4406,20 +3492,7 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
 
 
 def _attention_full_backward_dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    acc_s_ref,
-    acc_s_2_ref,
-    *,
-    size_s,
-    block_s,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, acc_s_ref, acc_s_2_ref, *, size_s, block_s, scale
 ):
     s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
@@ -4435,10 +3508,7 @@ def _attention_full_backward_dkdv_kernel(
     do = do_ref[...]
     lse = lse_ref[...]
     delta = delta_ref[...]
-    s = (
-        jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * scale
-    )
+    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
@@ -4447,17 +3517,13 @@ def _attention_full_backward_dkdv_kernel(
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
         acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
         acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
-    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
-        acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
-    )
+    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
     acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
     acc_s_2_rhs = q
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
         acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
         acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
-        acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-    )
+    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -4467,8 +3533,6 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -4485,39 +3549,25 @@ _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = rt.tpu_blocks(
-        _attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
-    )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
-    # B. Blocks that need more than Mosaic's default raise the limit.
+    block_t, block_s = rt.tpu_blocks(_attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
+    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale
-        ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
-        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
+        functools.partial(_attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale),
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
+        # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -4545,7 +3595,6 @@ def _attention_full_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     k = rt.load(k_ref, (in_t, in_d), other=0)
@@ -4559,14 +3608,9 @@ def _attention_full_backward_dkdv_gpu_kernel(
         do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
         lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
-        s = (
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale
-        )
+        s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
@@ -4586,82 +3630,41 @@ def _attention_full_backward_dkdv_gpu_kernel(
         0,
         pl.cdiv(size_s, block_s),
         accumulate,
-        (
-            jnp.full((block_t, block_d), 0, jnp.float32),
-            jnp.full((block_t, block_d), 0, jnp.float32),
-        ),
+        (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
     rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_full_backward_dkdv_gpu(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_full_backward_dkdv_gpu_options,
-        (t, size_s, b, h, d),
-        (block_t, block_s, num_warps, num_stages),
-        16,
+        _attention_full_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
-            _attention_full_backward_dkdv_gpu_kernel,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_s=block_s,
-            scale=scale,
+            _attention_full_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale
         ),
-        # One program per element of B, element of H, block of T; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of S itself, carrying running values.
+        # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -4714,15 +3717,11 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         operand = p.astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
             operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
-        acc_s = acc_s + rt.mgpu_dot(
-            (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
-        )
+        acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
         operand_2 = (ds * scale).astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
             operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-        acc_s_2 = acc_s_2 + rt.mgpu_dot(
-            (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
-        )
+        acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
     acc_s, acc_s_2 = plgpu.emit_pipeline(
@@ -4753,17 +3752,10 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     )
 
 
-def _attention_full_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
-):
-    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_full_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -4773,12 +3765,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
-            _attention_full_backward_dkdv_mosaic_gpu_kernel,
-            h=h,
-            t=t,
-            size_s=size_s,
-            block_s=block_s,
-            scale=scale,
+            _attention_full_backward_dkdv_mosaic_gpu_kernel, h=h, t=t, size_s=size_s, block_s=block_s, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
@@ -4801,18 +3788,15 @@ def _attention_full_backward_dkdv_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dkdv_tpu,
@@ -4830,13 +3814,9 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_full_backward_dkdv_tpu_blocks chooses; the spec's: 128,
+        128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -4855,10 +3835,7 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -4875,12 +3852,7 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         (4,),
     ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
     ds = p * (dp - delta)
@@ -4926,9 +3898,7 @@ def _attention_bottom_right_with_residuals_kernel(
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    def _strip(
-        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
-    ):
+    def _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -4937,8 +3907,7 @@ def _attention_bottom_right_with_residuals_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         max_t_block = s
@@ -4946,18 +3915,14 @@ def _attention_bottom_right_with_residuals_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
             sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-            sum_exp_t_block, axis=1, keepdims=True
-        )
+        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
@@ -4972,18 +3937,7 @@ def _attention_bottom_right_with_residuals_kernel(
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    max_t_ref,
-                    sum_exp_t_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
+                _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, block_s, block_t)
             else:
                 _strip(
                     q_ref.at[pl.ds(row, rows)],
@@ -5006,8 +3960,7 @@ def _attention_bottom_right_with_residuals_kernel(
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start)
-        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
@@ -5021,8 +3974,6 @@ def _attention_bottom_right_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
@@ -5032,17 +3983,11 @@ _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         12 * block_s * d + 8 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
-def _attention_bottom_right_with_residuals_tpu(
-    q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
-):
-    """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -5051,22 +3996,17 @@ def _attention_bottom_right_with_residuals_tpu(
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: (
-            s_start + block_s - 1 + t - size_s >= t_start
-        ),
-        whole=lambda s_start, t_start, block_s, block_t: (
-            s_start + t - size_s >= t_start + block_t - 1
-        ),
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is
-    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
-    # (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
+    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_kernel,
@@ -5078,22 +4018,17 @@ def _attention_bottom_right_with_residuals_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -5101,13 +4036,11 @@ def _attention_bottom_right_with_residuals_tpu(
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
@@ -5123,7 +4056,6 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -5140,10 +4072,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             max_t_block = s
@@ -5151,10 +4080,8 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            # a row of -inf so far subtracts 0
-            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -5166,9 +4093,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
                 acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
                 acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-            acc_t = max_t_rescale * acc_t + jnp.dot(
-                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-            )
+            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -5189,17 +4114,13 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_with_residuals_gpu_options,
         (size_s, t, b, h, d),
@@ -5209,30 +4130,19 @@ def _attention_bottom_right_with_residuals_gpu(
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
-            _attention_bottom_right_with_residuals_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_bottom_right_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -5274,14 +4184,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
         def compute():
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
-                    (block_s, block_t),
-                    0,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -5290,11 +4194,9 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            # a row of -inf so far subtracts 0
-            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -5305,11 +4207,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d),
-                operand,
-                v_smem,
-                split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_2),
+                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
             )
             return max_t, sum_exp_t, acc_t
 
@@ -5336,18 +4234,10 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     )
 
 
-def _attention_bottom_right_with_residuals_mosaic_gpu(
-    q, k, v, *, b, h, size_s, d, t, scale, interpret
-):
-    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_with_residuals", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -5377,21 +4267,12 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_with_residuals_tpu,
@@ -5406,13 +4287,9 @@ def attention_bottom_right_with_residuals(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_with_residuals_tpu_blocks chooses; the
+        spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -5430,10 +4307,7 @@ def attention_bottom_right_with_residuals(q, k, v, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -5482,9 +4356,7 @@ def _attention_bottom_right_kernel(
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    def _strip(
-        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
-    ):
+    def _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -5493,8 +4365,7 @@ def _attention_bottom_right_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         max_t_block = s
@@ -5502,18 +4373,14 @@ def _attention_bottom_right_kernel(
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(
-            max_t_new > -jnp.inf, max_t_new, 0.0
-        )  # a row of -inf so far subtracts 0
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
             sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-            sum_exp_t_block, axis=1, keepdims=True
-        )
+        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
@@ -5528,18 +4395,7 @@ def _attention_bottom_right_kernel(
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    max_t_ref,
-                    sum_exp_t_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
+                _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, block_s, block_t)
             else:
                 _strip(
                     q_ref.at[pl.ds(row, rows)],
@@ -5562,8 +4418,7 @@ def _attention_bottom_right_kernel(
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start)
-        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
@@ -5575,8 +4430,6 @@ def _attention_bottom_right_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right",
     sizes=("B", "H", "S", "D", "T"),
@@ -5586,39 +4439,28 @@ _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         12 * block_s * d + 8 * block_t * d + 8 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
+    block_s, block_t = rt.tpu_blocks(_attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: (
-            s_start + block_s - 1 + t - size_s >= t_start
-        ),
-        whole=lambda s_start, t_start, block_s, block_t: (
-            s_start + t - size_s >= t_start + block_t - 1
-        ),
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB
-    # whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1)
-    # value pads to.
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
+    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
+    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel,
@@ -5630,29 +4472,23 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
         ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
         out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
@@ -5666,7 +4502,6 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
 
 def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -5683,10 +4518,7 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             max_t_block = s
@@ -5694,10 +4526,8 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
                 max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            # a row of -inf so far subtracts 0
-            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)
+            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -5709,9 +4539,7 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
                 acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
                 acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-            acc_t = max_t_rescale * acc_t + jnp.dot(
-                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-            )
+            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -5731,47 +4559,28 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d,
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_bottom_right_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        functools.partial(_attention_bottom_right_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
-        # o: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
         out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5780,21 +4589,7 @@ def _attention_bottom_right_gpu(
 
 
 def _attention_bottom_right_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    size_s,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, h, size_s, t, block_t, scale
 ):
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
@@ -5807,14 +4602,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
         def compute():
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
-                    (block_s, block_t),
-                    0,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -5823,11 +4612,9 @@ def _attention_bottom_right_mosaic_gpu_kernel(
                 max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            # a row of -inf so far subtracts 0
-            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            # what the terms so far are worth now
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
@@ -5838,11 +4625,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d),
-                operand,
-                v_smem,
-                split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_2),
+                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
             )
             return max_t, sum_exp_t, acc_t
 
@@ -5866,26 +4649,16 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
-            _attention_bottom_right_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_bottom_right_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
@@ -5903,12 +4676,11 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
 
 
 def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
-    jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
-    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v), its
-    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (s) from
-    them.
+    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv. The
+    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the residuals lse (forward
+    values that cost more to recompute than to save): the backward kernels recompute the values they need (s)
+    from them.
     """
     q, k, v, o, lse = saved
     do = cotangents
@@ -5922,12 +4694,8 @@ def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interp
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "H", "S", "D"))},
+    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
+    outputs=("o: bf16[B, H, S, D]",),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_tpu,
@@ -5944,20 +4712,14 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
 
-    Gradients: jax.grad runs the generated backward kernels
-    attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv
-    (_attention_bottom_right_vjp).
+    Gradients: jax.grad runs the generated backward kernels attention_bottom_right_backward_dq,
+    attention_bottom_right_backward_dkdv (_attention_bottom_right_vjp).
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -5972,10 +4734,7 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -6022,9 +4781,7 @@ def _attention_bottom_right_backward_dq_kernel(
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    def _strip(
-        q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
-    ):
+    def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
@@ -6036,14 +4793,11 @@ def _attention_bottom_right_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
@@ -6057,28 +4811,14 @@ def _attention_bottom_right_backward_dq_kernel(
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
             if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    o_ref,
-                    do_ref,
-                    lse_ref,
-                    acc_t_ref,
-                    s_start,
-                    t_start,
-                    block_s,
-                    block_t,
-                )
+                _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, block_s, block_t)
             else:
                 _strip(
                     q_ref.at[pl.ds(row, rows)],
@@ -6102,8 +4842,7 @@ def _attention_bottom_right_backward_dq_kernel(
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start)
-        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
@@ -6118,8 +4857,6 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -6129,17 +4866,13 @@ _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
         min(block_s, 256) * block_t,
         20 * block_s * d + 8 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, size_s, d, t: (
-        min(1 << (size_s.bit_length() - 1), 4096),
-        min(1 << (t.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
 def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
@@ -6148,22 +4881,17 @@ def _attention_bottom_right_backward_dq_tpu(
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: (
-            s_start + block_s - 1 + t - size_s >= t_start
-        ),
-        whole=lambda s_start, t_start, block_s, block_t: (
-            s_start + t - size_s >= t_start + block_t - 1
-        ),
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
-    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
-    # (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
+    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_kernel,
@@ -6175,28 +4903,20 @@ def _attention_bottom_right_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
-        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
+        # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -6204,15 +4924,12 @@ def _attention_bottom_right_backward_dq_tpu(
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + 2 * b * h * size_s * d
-            + 4 * b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dq",
@@ -6223,7 +4940,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t, scale
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
@@ -6243,20 +4959,13 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - lse)
-            dp = jax.lax.dot_general(
-                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             delta = jnp.sum(
-                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-                axis=1,
-                keepdims=True,
+                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
             )
             ds = p * (dp - delta)
             ds_1 = jnp.where(
@@ -6276,48 +4985,21 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
-    )
+    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
     o = rt.load(o_ref, (in_s, in_d), other=0)
     do = rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(
-        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-        axis=1,
-        keepdims=True,
-    )
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_backward_dq_gpu(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dq_gpu_options,
         (size_s, t, b, h, d),
@@ -6327,36 +5009,22 @@ def _attention_bottom_right_backward_dq_gpu(
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
-            _attention_bottom_right_backward_dq_gpu_kernel,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_bottom_right_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
-        # One program per element of B, element of H, block of S; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of T itself, carrying running values.
+        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -6410,42 +5078,25 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         def compute():
             (acc_t,) = carry
             s = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
-                    (block_s, block_t),
-                    0,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-            delta = jnp.sum(
-                rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-                axis=1,
-            )
+            delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
-                    (block_s, block_t),
-                    0,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 ds,
                 0,
             )
             operand = (ds_1 * scale).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
                 operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -6456,15 +5107,11 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(
-        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
-    )
+    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
     rt.mgpu_copy_out(
@@ -6473,18 +5120,10 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     )
 
 
-def _attention_bottom_right_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
-):
-    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -6520,24 +5159,19 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
-        (b, h, size_s, 1)
-    )
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "o: bf16[B, H, S, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, S, 1]",
+    ),
+    outputs=("dq: bf16[B, H, S, D]", "delta: f32[B, H, S] as [B, H, S, 1]"),
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dq_tpu,
@@ -6555,13 +5189,9 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
       o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _attention_bottom_right_backward_dq_tpu_blocks chooses; the spec's:
+        128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -6582,10 +5212,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
-                "bhsd,bhdt->bhst",
-                jnp.squeeze(q, (4,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -6594,17 +5221,10 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     )
     p = jnp.exp(s - lse)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhsd,bhdt->bhst",
-            jnp.squeeze(do, (4,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
-    )
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
@@ -6656,18 +5276,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
         acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
-        q_ref,
-        k_ref,
-        v_ref,
-        do_ref,
-        lse_ref,
-        delta_ref,
-        acc_s_ref,
-        acc_s_2_ref,
-        t_start,
-        s_start,
-        strip_t,
-        strip_s,
+        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, acc_s_ref, acc_s_2_ref, t_start, s_start, strip_t, strip_s
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
@@ -6680,14 +5289,11 @@ def _attention_bottom_right_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * scale,
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
@@ -6700,17 +5306,13 @@ def _attention_bottom_right_backward_dkdv_kernel(
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
             acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
-        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
-            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
         acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
             acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
             acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
-            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-        )
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
@@ -6755,8 +5357,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start)
-        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
@@ -6769,8 +5370,6 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -6780,17 +5379,13 @@ _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
         min(block_t, 256) * block_s,
         8 * block_s * d + 24 * block_t * d + 16 * block_s,
     ),
-    bounds=lambda b, h, t, d, size_s: (
-        min(1 << (t.bit_length() - 1), 4096),
-        min(1 << (size_s.bit_length() - 1), 4096),
-    ),
+    bounds=lambda b, h, t, d, size_s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
 )
 
 
 def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
         _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
@@ -6799,22 +5394,17 @@ def _attention_bottom_right_backward_dkdv_tpu(
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: (
-            s_start + block_s - 1 + t - size_s >= t_start
-        ),
-        whole=lambda t_start, s_start, block_t, block_s: (
-            s_start + t - size_s >= t_start + block_t - 1
-        ),
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s >= t_start + block_t - 1,
     )
 
     # A step's block of S; a skipped step's is block 0, fetched at most once.
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
-    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
-    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
-    # and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
+    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
+    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
@@ -6826,28 +5416,20 @@ def _attention_bottom_right_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
-        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
+        # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -6858,8 +5440,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=64 * 2**20,
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
@@ -6875,7 +5456,6 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, t, d, size_s, block_s, scale
 ):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
@@ -6895,16 +5475,11 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
-                jax.lax.dot_general(
-                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                * scale,
+                jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
             p = jnp.exp(s - lse)
-            dp = jax.lax.dot_general(
-                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             ds = p * (dp - delta)
             ds_1 = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
@@ -6923,9 +5498,7 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
                 acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
                 acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-            acc_s_2 = acc_s_2 + jnp.dot(
-                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-            )
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -6935,43 +5508,19 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
         0,
         pl.cdiv(size_s, block_s),
         accumulate,
-        (
-            jnp.full((block_t, block_d), 0, jnp.float32),
-            jnp.full((block_t, block_d), 0, jnp.float32),
-        ),
+        (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
     rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, H,
-# D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_backward_dkdv_gpu(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    h,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    num_warps,
-    num_stages,
-    scale,
-    interpret,
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
         (t, size_s, b, h, d),
@@ -6981,36 +5530,22 @@ def _attention_bottom_right_backward_dkdv_gpu(
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
-            _attention_bottom_right_backward_dkdv_gpu_kernel,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_s=block_s,
-            scale=scale,
+            _attention_bottom_right_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale
         ),
-        # One program per element of B, element of H, block of T; programs run concurrently.
-        # Each holds all of D (one block of the next power of two). Each loops over the blocks
-        # of S itself, carrying running values.
+        # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
+        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
-            # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
-            # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
-            # dv: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -7059,14 +5594,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
             lse = rt.mgpu_load_vector(lse_smem, 1)
             delta = rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s,
-                    (block_t, block_s),
-                    1,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
@@ -7074,29 +5603,19 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
             dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
-                rt.mgpu_spread(
-                    rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s,
-                    (block_t, block_s),
-                    1,
-                )
-                >= rt.mgpu_spread(
-                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
-                ),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1)
+                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 ds,
                 0,
             )
             operand = p.astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
                 operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
-            acc_s = acc_s + rt.mgpu_dot(
-                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
             operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
                 operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-            acc_s_2 = acc_s_2 + rt.mgpu_dot(
-                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
-            )
+            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -7130,18 +5649,10 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     )
 
 
-def _attention_bottom_right_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
-):
-    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret):
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("attention_bottom_right_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
@@ -7179,18 +5690,15 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "H", "S", "D")),
-        "lse": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-        "delta": (jnp.float32, ("B", "H", "S"), ("B", "H", 1, "S")),
-    },
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "H", "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "H", "T", "D")),
-    },
+    inputs=(
+        "q: bf16[B, H, S, D]",
+        "k: bf16[B, H, T, D]",
+        "v: bf16[B, H, T, D]",
+        "do: bf16[B, H, S, D]",
+        "lse: f32[B, H, S] as [B, H, 1, S]",
+        "delta: f32[B, H, S] as [B, H, 1, S]",
+    ),
+    outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dkdv_tpu,
@@ -7208,13 +5716,9 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
       delta: f32[B, H, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_s: TPU blocks (None: as _attention_bottom_right_backward_dkdv_tpu_blocks chooses; the
+        spec's: 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -7235,10 +5739,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
-                "bhtd,bhds->bhts",
-                jnp.squeeze(k, (4,)),
-                jnp.squeeze(q, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
             ),
             (3,),
         )
@@ -7256,12 +5757,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
         (4,),
     ).astype(jnp.bfloat16)
     dp = jnp.expand_dims(
-        jnp.einsum(
-            "bhtd,bhds->bhts",
-            jnp.squeeze(v, (4,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
         (3,),
     )
     ds = p * (dp - delta)
@@ -7285,9 +5781,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     return dk, dv
 
 
-def _gqa_with_residuals_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t
-):
+def _gqa_with_residuals_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
@@ -7300,35 +5794,26 @@ def _gqa_with_residuals_kernel(
     q = q_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    s = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * 0.088388
-    )
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     max_t_block = s
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
         max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
+    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
         sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
@@ -7339,8 +5824,6 @@ def _gqa_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
     "gqa_with_residuals",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -7355,32 +5838,24 @@ _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
-    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
-    # need more than Mosaic's default raise the limit.
+    block_s, block_t = rt.tpu_blocks(_gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
-        # One step per element of B, element of G, element of R, block of S, block of T (D taken
-        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
-        # order (arbitrary).
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
+        # G, R, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
@@ -7388,8 +5863,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
@@ -7408,7 +5882,6 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
 
 def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -7419,17 +5892,13 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
         max_t, sum_exp_t, acc_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        s = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * 0.088388
-        )
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        # a row of -inf so far subtracts 0
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -7442,9 +5911,7 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -7462,47 +5929,31 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
-# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _gqa_with_residuals_gpu(
-    q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
-):
-    """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _gqa_with_residuals_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_with_residuals_gpu_options,
-        (size_s, t, b, g, r, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _gqa_with_residuals_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
-        # One program per element of B, element of G, element of R, block of S; programs run
-        # concurrently. Each holds all of D (one block of the next power of two). Each loops
-        # over the blocks of T itself, carrying running values.
+        # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
+        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
+        # running values.
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),  # lse: f32[B, G, R, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
@@ -7536,9 +5987,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     block_s, block_d = o_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    rt.mgpu_copy_in(
-        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
+    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -7549,11 +5998,9 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        # a row of -inf so far subtracts 0
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        # what the terms so far are worth now
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -7564,11 +6011,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
+            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
         return max_t, sum_exp_t, acc_t
 
@@ -7593,22 +6036,15 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
 
 
 def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_with_residuals", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
-        functools.partial(
-            _gqa_with_residuals_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t
-        ),
+        functools.partial(_gqa_with_residuals_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
@@ -7625,21 +6061,14 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), lse[
-        :b, :g, :r, :size_s
-    ].reshape((b, g, r, size_s, 1))
+    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), lse[:b, :g, :r, :size_s].reshape(
+        (b, g, r, size_s, 1)
+    )
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-    },
-    outputs={
-        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
+    inputs=("q: bf16[B, G, R, S, D]", "k: bf16[B, G, T, D]", "v: bf16[B, G, T, D]"),
+    outputs=("o: bf16[B, G, R, S, D]", "lse: f32[B, G, R, S] as [B, G, R, S, 1]"),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_with_residuals_tpu,
     triton=_gqa_with_residuals_gpu,
@@ -7653,12 +6082,7 @@ def gqa_with_residuals(q, k, v):
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_with_residuals_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
@@ -7675,10 +6099,7 @@ def gqa_with_residuals(q, k, v):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bgrsd,bgdt->bgrst",
-                jnp.squeeze(q, (5,)),
-                jnp.squeeze(k, (2, 3)),
-                preferred_element_type=jnp.float32,
+                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -7712,35 +6133,26 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref,
     q = q_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    s = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * 0.088388
-    )
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     max_t_block = s
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
         max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(
-        max_t_new > -jnp.inf, max_t_new, 0.0
-    )  # a row of -inf so far subtracts 0
+    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
         sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
-        sum_exp_t_block, axis=1, keepdims=True
-    )
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
@@ -7749,8 +6161,6 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref,
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_tpu_blocks = rt.TpuBlocks(
     "gqa",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -7765,34 +6175,26 @@ _gqa_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
-    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B) +
+    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_kernel, t=t, block_t=block_t),
-        # One step per element of B, element of G, element of R, block of S, block of T (D taken
-        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
-        # order (arbitrary).
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
+        # G, R, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
         ],
         # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec(
-            (None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)
-        ),
+        out_specs=pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
         out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
@@ -7811,7 +6213,6 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
 
 def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
     block_s, block_d = o_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -7822,17 +6223,13 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
         max_t, sum_exp_t, acc_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        s = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * 0.088388
-        )
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        # a row of -inf so far subtracts 0
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
@@ -7845,9 +6242,7 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
             acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
             acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -7864,39 +6259,29 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
-# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
         _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
-        # One program per element of B, element of G, element of R, block of S; programs run
-        # concurrently. Each holds all of D (one block of the next power of two). Each loops
-        # over the blocks of T itself, carrying running values.
+        # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
+        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
+        # running values.
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
         ],
         # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec(
-            (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-        ),
+        out_specs=pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
         out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -7905,28 +6290,12 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
 
 
 def _gqa_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    q_smem,
-    o_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    g,
-    r,
-    size_s,
-    t,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, g, r, size_s, t, block_t
 ):
     block_s, block_d = o_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    rt.mgpu_copy_in(
-        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
+    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -7937,11 +6306,9 @@ def _gqa_mosaic_gpu_kernel(
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        # a row of -inf so far subtracts 0
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)
+        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        # what the terms so far are worth now
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
@@ -7952,11 +6319,7 @@ def _gqa_mosaic_gpu_kernel(
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d),
-            operand,
-            v_smem,
-            split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_2),
+            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
         return max_t, sum_exp_t, acc_t
 
@@ -7977,14 +6340,9 @@ def _gqa_mosaic_gpu_kernel(
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -8007,29 +6365,22 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
 
 
 def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
-    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the
-    residuals lse (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need (s) from them.
+    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the generated backward kernels
+    gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The forward pass saves its inputs (q, k, v), its
+    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to recompute than to
+    save): the backward kernels recompute the values they need (s) from them.
     """
     q, k, v, o, lse = saved
     do = cotangents
     dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
-    dk_r, dv_r = gqa_backward_dkdv(
-        q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dk_r, dv_r = gqa_backward_dkdv(q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret)
     dk, dv = gqa_backward_over_r(dk_r, dv_r, gpu_backend=gpu_backend, interpret=interpret)
     return dq, dk, dv
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-    },
-    outputs={"o": (jnp.bfloat16, ("B", "G", "R", "S", "D"))},
+    inputs=("q: bf16[B, G, R, S, D]", "k: bf16[B, G, T, D]", "v: bf16[B, G, T, D]"),
+    outputs=("o: bf16[B, G, R, S, D]",),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_tpu,
     triton=_gqa_gpu,
@@ -8045,18 +6396,13 @@ def gqa(q, k, v):
       q: bf16[B, G, R, S, D].
       k: bf16[B, G, T, D].
       v: bf16[B, G, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       o: bf16[B, G, R, S, D].
 
-    Gradients: jax.grad runs the generated backward kernels gqa_backward_dq,
-    gqa_backward_dkdv, gqa_backward_over_r (_gqa_vjp).
+    Gradients: jax.grad runs the generated backward kernels gqa_backward_dq, gqa_backward_dkdv,
+    gqa_backward_over_r (_gqa_vjp).
     """
     b = q.shape[0]
     g = q.shape[1]
@@ -8070,10 +6416,7 @@ def gqa(q, k, v):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bgrsd,bgdt->bgrst",
-                jnp.squeeze(q, (5,)),
-                jnp.squeeze(k, (2, 3)),
-                preferred_element_type=jnp.float32,
+                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -8092,9 +6435,7 @@ def gqa(q, k, v):
     return o
 
 
-def _gqa_backward_dq_kernel(
-    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t
-):
+def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
@@ -8108,10 +6449,7 @@ def _gqa_backward_dq_kernel(
     lse = lse_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    s = (
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * 0.088388
-    )
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
@@ -8121,9 +6459,7 @@ def _gqa_backward_dq_kernel(
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
         acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
         acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
@@ -8135,8 +6471,6 @@ def _gqa_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dq",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -8150,35 +6484,25 @@ _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _gqa_backward_dq_tpu(
-    q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret
-):
-    """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
-    )
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
-    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
-    # more than Mosaic's default raise the limit.
+def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
+    block_s, block_t = rt.tpu_blocks(_gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
+    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
-        # One step per element of B, element of G, element of R, block of S, block of T (D taken
-        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
-        # order (arbitrary).
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
+        # G, R, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
             # o: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
             # do: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
         ],
         out_specs=(
             # dq: bf16[B, G, R, S, D]
@@ -8198,9 +6522,7 @@ def _gqa_backward_dq_tpu(
         cost_estimate=pl.CostEstimate(
             flops=6 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + 2 * b * g * r * size_s * d
-            + 4 * b * g * r * size_s,
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse) + 2 * b * g * r * size_s * d + 4 * b * g * r * size_s,
         ),
         interpret=interpret,
         name="gqa_backward_dq",
@@ -8211,7 +6533,6 @@ def _gqa_backward_dq_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *, size_s, d, t, block_t
 ):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
@@ -8225,18 +6546,11 @@ def _gqa_backward_dq_gpu_kernel(
         (acc_t,) = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        s = (
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * 0.088388
-        )
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum(
-            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-            keepdims=True,
+            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
         )
         ds = p * (dp - delta)
         acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
@@ -8247,88 +6561,48 @@ def _gqa_backward_dq_gpu_kernel(
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
-    (acc_t,) = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
-    )
+    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
     o = rt.load(o_ref, (in_s, in_d), other=0)
     do = rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(
-        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-        axis=1,
-        keepdims=True,
-    )
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S, T, B, G,
-# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_backward_dq_gpu(
-    q,
-    k,
-    v,
-    o,
-    do,
-    lse,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    num_warps,
-    num_stages,
-    interpret,
+    q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_dq_gpu_options,
-        (size_s, t, b, g, r, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _gqa_backward_dq_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
-        # One program per element of B, element of G, element of R, block of S; programs run
-        # concurrently. Each holds all of D (one block of the next power of two). Each loops
-        # over the blocks of T itself, carrying running values.
+        # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
+        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
+        # running values.
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
             # o: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
             # do: bf16[B, G, R, S, D]
-            pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),  # lse: f32[B, G, R, S]
         ],
         out_specs=(
             # dq: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
             pl.BlockSpec(
-                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
-            # delta: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+                (None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),  # delta: f32[B, G, R, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
@@ -8368,18 +6642,10 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     block_s, block_d = dq_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
-    rt.mgpu_copy_in(
-        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
-    )
-    rt.mgpu_copy_in(
-        o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
-    )
-    rt.mgpu_copy_in(
-        do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
-    )
-    rt.mgpu_copy_in(
-        lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
-    )
+    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    rt.mgpu_copy_in(o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
+    rt.mgpu_copy_in(do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
+    rt.mgpu_copy_in(lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     lse = rt.mgpu_load_vector(lse_smem, 0)
@@ -8390,17 +6656,12 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-        delta = jnp.sum(
-            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
-            axis=1,
-        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = (ds * 0.088388).astype(jnp.bfloat16)
         if t % block_t:  # a ragged T: 0 past its end
             operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
-        )
+        acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
         return (acc_t,)
 
     (acc_t,) = plgpu.emit_pipeline(
@@ -8408,15 +6669,11 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(
-        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
-    )
+    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
     rt.mgpu_copy_out(
@@ -8426,14 +6683,9 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
-    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -8442,9 +6694,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     do = rt.mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
-        functools.partial(
-            _gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t
-        ),
+        functools.partial(_gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
@@ -8463,24 +6713,21 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), delta[
-        :b, :g, :r, :size_s
-    ].reshape((b, g, r, size_s, 1))
+    return dq[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), delta[:b, :g, :r, :size_s].reshape(
+        (b, g, r, size_s, 1)
+    )
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "o": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
-    outputs={
-        "dq": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", "S", 1)),
-    },
+    inputs=(
+        "q: bf16[B, G, R, S, D]",
+        "k: bf16[B, G, T, D]",
+        "v: bf16[B, G, T, D]",
+        "o: bf16[B, G, R, S, D]",
+        "do: bf16[B, G, R, S, D]",
+        "lse: f32[B, G, R, S] as [B, G, R, S, 1]",
+    ),
+    outputs=("dq: bf16[B, G, R, S, D]", "delta: f32[B, G, R, S] as [B, G, R, S, 1]"),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_backward_dq_tpu,
     triton=_gqa_backward_dq_gpu,
@@ -8497,12 +6744,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
       o: bf16[B, G, R, S, D].
       do: bf16[B, G, R, S, D].
       lse: f32[B, G, R, S].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_s, block_t: TPU blocks (None: as _gqa_backward_dq_tpu_blocks chooses; the spec's: 128, 256).
 
     Returns:
       dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
@@ -8522,10 +6764,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bgrsd,bgdt->bgrst",
-                jnp.squeeze(q, (5,)),
-                jnp.squeeze(k, (2, 3)),
-                preferred_element_type=jnp.float32,
+                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -8534,16 +6773,11 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     p = jnp.exp(s - lse)
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bgrsd,bgdt->bgrst",
-            jnp.squeeze(do, (5,)),
-            jnp.squeeze(v, (2, 3)),
-            preferred_element_type=jnp.float32,
+            "bgrsd,bgdt->bgrst", jnp.squeeze(do, (5,)), jnp.squeeze(v, (2, 3)), preferred_element_type=jnp.float32
         ),
         (4,),
     )
-    delta = jnp.sum(
-        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32
-    )
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
         jnp.einsum(
@@ -8560,19 +6794,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
 
 
 def _gqa_backward_dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_r_ref,
-    dv_r_ref,
-    acc_s_ref,
-    acc_s_2_ref,
-    *,
-    size_s,
-    block_s,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, acc_s_ref, acc_s_2_ref, *, size_s, block_s
 ):
     s_start = pl.program_id(4) * block_s
     step = pl.program_id(4)
@@ -8588,10 +6810,7 @@ def _gqa_backward_dkdv_kernel(
     do = do_ref[...]
     lse = lse_ref[...]
     delta = delta_ref[...]
-    s = (
-        jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        * 0.088388
-    )
+    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
@@ -8600,17 +6819,13 @@ def _gqa_backward_dkdv_kernel(
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
         acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
         acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
-    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
-        acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
-    )
+    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
     acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
     acc_s_2_rhs = q
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
         acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
         acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
-    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
-        acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
-    )
+    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
@@ -8620,8 +6835,6 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dkdv",
     sizes=("B", "G", "R", "T", "D", "S"),
@@ -8635,33 +6848,23 @@ _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _gqa_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret
-):
-    """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = rt.tpu_blocks(
-        _gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s)
-    )
-    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B
-    # + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB +
-    # acc_s_2_ref 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
+    block_t, block_s = rt.tpu_blocks(_gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s))
+    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
+    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
-        # One step per element of B, element of G, element of R, block of T, block of S (D taken
-        # whole). Steps along B, G, R, T are independent (parallel); steps along S accumulate in
-        # order (arbitrary).
+        # One step per element of B, element of G, element of R, block of T, block of S (D taken whole). Steps along B,
+        # G, R, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),  # v: bf16[B, G, T, D]
             # do: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),
+            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),  # lse: f32[B, G, R, S]
             # delta: f32[B, G, R, S]
             pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),
         ],
@@ -8697,7 +6900,6 @@ def _gqa_backward_dkdv_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *, t, d, size_s, block_s
 ):
     block_t, block_d = dk_r_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     k = rt.load(k_ref, (in_t, in_d), other=0)
@@ -8711,14 +6913,9 @@ def _gqa_backward_dkdv_gpu_kernel(
         do = rt.load(do_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
         lse = rt.load(lse_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
         delta = rt.load(delta_ref.at[:, pl.ds(s_start, block_s)], (None, in_s), other=0)
-        s = (
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            * 0.088388
-        )
+        s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(
-            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
@@ -8738,79 +6935,44 @@ def _gqa_backward_dkdv_gpu_kernel(
         0,
         pl.cdiv(size_s, block_s),
         accumulate,
-        (
-            jnp.full((block_t, block_d), 0, jnp.float32),
-            jnp.full((block_t, block_d), 0, jnp.float32),
-        ),
+        (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
     rt.store(dv_r_ref, acc_s, (in_t, in_d))
     rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T, S, B, G,
-# R, D) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, G, R, D).
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_backward_dkdv_gpu(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    *,
-    b,
-    g,
-    r,
-    t,
-    d,
-    size_s,
-    block_t,
-    block_s,
-    num_warps,
-    num_stages,
-    interpret,
+    q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_dkdv_gpu_options,
-        (t, size_s, b, g, r, d),
-        (block_t, block_s, num_warps, num_stages),
-        16,
+        _gqa_backward_dkdv_gpu_options, (t, size_s, b, g, r, d), (block_t, block_s, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
-        # One program per element of B, element of G, element of R, block of T; programs run
-        # concurrently. Each holds all of D (one block of the next power of two). Each loops
-        # over the blocks of S itself, carrying running values.
+        # One program per element of B, element of G, element of R, block of T; programs run concurrently. Each
+        # holds all of D (one block of the next power of two). Each loops over the blocks of S itself, carrying
+        # running values.
         grid=(b, g, r, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
-            # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
-            # v: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),  # v: bf16[B, G, T, D]
             # do: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
-            # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),
-            # delta: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),  # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),  # delta: f32[B, G, R, S]
         ],
         out_specs=(
             # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec(
-                (None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
+            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
             # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec(
-                (None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),
+            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
@@ -8863,15 +7025,11 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         operand = p.astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
             operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
-        acc_s = acc_s + rt.mgpu_dot(
-            (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
-        )
+        acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
         operand_2 = (ds * 0.088388).astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
             operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-        acc_s_2 = acc_s_2 + rt.mgpu_dot(
-            (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
-        )
+        acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
     acc_s, acc_s_2 = plgpu.emit_pipeline(
@@ -8903,14 +7061,9 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
-    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_s = 64, 64
     block_d = d + -d % 64
-    if block_d > 256:
-        raise ValueError(
-            f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
-        )
+    rt.mgpu_check_whole("gqa_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
@@ -8919,9 +7072,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
-        functools.partial(
-            _gqa_backward_dkdv_mosaic_gpu_kernel, g=g, r=r, t=t, size_s=size_s, block_s=block_s
-        ),
+        functools.partial(_gqa_backward_dkdv_mosaic_gpu_kernel, g=g, r=r, t=t, size_s=size_s, block_s=block_s),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
@@ -8939,24 +7090,19 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d)), dv_r[:b, :g, :r, :t, :d].reshape(
-        (b, g, r, t, d)
-    )
+    return dk_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d)), dv_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d))
 
 
 @rt.kernel(
-    inputs={
-        "q": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "k": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "v": (jnp.bfloat16, ("B", "G", "T", "D")),
-        "do": (jnp.bfloat16, ("B", "G", "R", "S", "D")),
-        "lse": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
-        "delta": (jnp.float32, ("B", "G", "R", "S"), ("B", "G", "R", 1, "S")),
-    },
-    outputs={
-        "dk_r": (jnp.float32, ("B", "G", "R", "T", "D")),
-        "dv_r": (jnp.float32, ("B", "G", "R", "T", "D")),
-    },
+    inputs=(
+        "q: bf16[B, G, R, S, D]",
+        "k: bf16[B, G, T, D]",
+        "v: bf16[B, G, T, D]",
+        "do: bf16[B, G, R, S, D]",
+        "lse: f32[B, G, R, S] as [B, G, R, 1, S]",
+        "delta: f32[B, G, R, S] as [B, G, R, 1, S]",
+    ),
+    outputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d", "S": "size_s"},
     tpu=_gqa_backward_dkdv_tpu,
     triton=_gqa_backward_dkdv_gpu,
@@ -8973,12 +7119,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
       do: bf16[B, G, R, S, D].
       lse: f32[B, G, R, S].
       delta: f32[B, G, R, S].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_t, block_s: TPU blocks (None: as _gqa_backward_dkdv_tpu_blocks chooses; the spec's: 256, 128).
 
     Returns:
       dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
@@ -8998,10 +7139,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     s = (
         jnp.expand_dims(
             jnp.einsum(
-                "bgtd,bgrds->bgrts",
-                jnp.squeeze(k, (2, 5)),
-                jnp.squeeze(q, (3,)),
-                preferred_element_type=jnp.float32,
+                "bgtd,bgrds->bgrts", jnp.squeeze(k, (2, 5)), jnp.squeeze(q, (3,)), preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -9019,10 +7157,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     )
     dp = jnp.expand_dims(
         jnp.einsum(
-            "bgtd,bgrds->bgrts",
-            jnp.squeeze(v, (2, 5)),
-            jnp.squeeze(do, (3,)),
-            preferred_element_type=jnp.float32,
+            "bgtd,bgrds->bgrts", jnp.squeeze(v, (2, 5)), jnp.squeeze(do, (3,)), preferred_element_type=jnp.float32
         ),
         (4,),
     )
@@ -9048,8 +7183,6 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_over_r",
     sizes=("B", "G", "R", "T", "D"),
@@ -9063,17 +7196,15 @@ _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
-    """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_g, block_t = rt.tpu_blocks(
         _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
     )
-    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0
-    # KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a
-    # block 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
+    # 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a block 1.0 KiB.
     return pl.pallas_call(
         _gqa_backward_over_r_kernel,
-        # One step per block of B, block of G, block of T (R, D taken whole); steps are independent,
-        # so every axis is parallel.
+        # One step per block of B, block of G, block of T (R, D taken whole); steps are independent, so every axis is
+        # parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
         in_specs=[
             # dk_r: f32[B, G, R, T, D]
@@ -9098,9 +7229,7 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * t * d,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dk_r, dv_r) + 4 * b * g * r * t * d,
+            flops=2 * b * g * r * t * d, transcendentals=0, bytes_accessed=rt.nbytes(dk_r, dv_r) + 4 * b * g * r * t * d
         ),
         interpret=interpret,
         name="gqa_backward_over_r",
@@ -9109,7 +7238,6 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
 
 def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, t, d, r, block_r):
     block_b, block_g, _, block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -9118,78 +7246,40 @@ def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g,
     inside = rt.mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
     dk_r = rt.load(dk_r_ref, (in_b, in_g, in_r, in_t, in_d))
     dv_r = rt.load(dv_r_ref, (in_b, in_g, in_r, in_t, in_d))
-    rt.store(
-        dk_ref,
-        jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
-        inside,
-    )
-    rt.store(
-        dv_ref,
-        jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
-        inside,
-    )
+    rt.store(dk_ref, jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
+    rt.store(dv_ref, jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu` timed best
-# at the sizes (B, G, T, D, R) shown (the spec's .tuning.json file), the nearest entry winning;
-# None: any other GPU (the spec's). rt.triton_options clamps the blocks (a small dimension: one
-# masked block).
+# Triton's block_b, block_g, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, G,
+# T, D, R).
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, None, 1)}
 
 
 def _gqa_backward_over_r_gpu(
-    dk_r,
-    dv_r,
-    *,
-    b,
-    g,
-    r,
-    t,
-    d,
-    block_b,
-    block_g,
-    block_t,
-    block_d,
-    num_warps,
-    num_stages,
-    interpret,
+    dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, block_d, num_warps, num_stages, interpret
 ):
-    """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_over_r_gpu_options,
-        (b, g, t, d, r),
-        (block_b, block_g, block_t, block_d, num_warps, num_stages),
+        _gqa_backward_over_r_gpu_options, (b, g, t, d, r), (block_b, block_g, block_t, block_d, num_warps, num_stages)
     )
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_b * block_g * block_t * block_d * block_r)
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r
-        ),
-        # One program per block of B, block of G, block of T, block of D; programs run
-        # concurrently. Each holds all of R (one block of the next power of two).
+        functools.partial(_gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r),
+        # One program per block of B, block of G, block of T, block of D; programs run concurrently. Each holds
+        # all of R (one block of the next power of two).
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
             # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec(
-                (block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
-            ),
+            pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
             # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec(
-                (block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
-            ),
+            pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
         ],
         out_specs=(
             # dk: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec(
-                (block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
-            ),
+            pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
             # dv: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec(
-                (block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
-            ),
+            pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dk
@@ -9201,9 +7291,7 @@ def _gqa_backward_over_r_gpu(
     )(dk_r, dv_r)
 
 
-def _gqa_backward_over_r_mosaic_gpu_kernel(
-    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, block_t, block_d, r
-):
+def _gqa_backward_over_r_mosaic_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, block_t, block_d, r):
     program_b = jax.lax.axis_index("B")
     program_g = jax.lax.axis_index("G")
     program_t = jax.lax.axis_index("T")
@@ -9220,10 +7308,7 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
     sum_running, sum_running_2 = plgpu.emit_pipeline(
         reduce,
         grid=(r,),
-        in_specs=[
-            rt.mgpu_spec((None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32)
-        ]
-        * 2,
+        in_specs=[rt.mgpu_spec((None, block_t, block_d), lambda s: (s, program_t, program_d), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(
             plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
@@ -9241,22 +7326,16 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         write,
         grid=(1,),
         in_specs=[],
-        out_specs=[rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16)]
-        * 2,
+        out_specs=[rt.mgpu_spec((block_t, block_d), lambda s: (program_t, program_d), jnp.bfloat16)] * 2,
     )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
 
 
 def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
-    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_d = 64, 128
     padded_t, padded_d = t + -t % 8, d + -d % block_d
-    dk_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
-    dv_r = rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
+    dk_r, dv_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d)), rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
     dk, dv = plgpu.kernel(
-        functools.partial(
-            _gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r
-        ),
+        functools.partial(_gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r),
         out_type=(
             jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
@@ -9269,14 +7348,8 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "dk_r": (jnp.float32, ("B", "G", "R", "T", "D")),
-        "dv_r": (jnp.float32, ("B", "G", "R", "T", "D")),
-    },
-    outputs={
-        "dk": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
-        "dv": (jnp.bfloat16, ("B", "G", "T", "D"), ("B", "G", 1, "T", "D")),
-    },
+    inputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
+    outputs=("dk: bf16[B, G, T, D] as [B, G, 1, T, D]", "dv: bf16[B, G, T, D] as [B, G, 1, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
     tpu=_gqa_backward_over_r_tpu,
     triton=_gqa_backward_over_r_gpu,
@@ -9289,12 +7362,8 @@ def gqa_backward_over_r(dk_r, dv_r):
     Args:
       dk_r: f32[B, G, R, T, D].
       dv_r: f32[B, G, R, T, D].
-      block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 1, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_b, block_g, block_t: TPU blocks (None: as _gqa_backward_over_r_tpu_blocks chooses; the spec's: 1, 1,
+        256).
 
     Returns:
       dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
@@ -9326,9 +7395,7 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
         acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
         acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
@@ -9336,8 +7403,6 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax",
     sizes=("M", "N", "K"),
@@ -9352,14 +7417,13 @@ _matmul_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    """`matmul_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
-    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y
-    # 512 B) + acc_k_ref 512 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + acc_k_ref
+    # 512 B.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of K (N taken whole). Steps along M are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of K (N taken whole). Steps along M are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # x: bf16[M, K]
@@ -9370,9 +7434,7 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
         scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 4 * m * n
@@ -9384,7 +7446,6 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
 
 def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
 
@@ -9402,30 +7463,23 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
         acc_k = acc_k + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
         return (acc_k,)
 
-    (acc_k,) = jax.lax.fori_loop(
-        0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),)
-    )
+    (acc_k,) = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),))
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K, N)
-# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
-    """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two). Each loops over the blocks of K itself, carrying
-        # running values.
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two). Each loops over the blocks of K itself, carrying running values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),  # x: bf16[M, K]
@@ -9444,8 +7498,7 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    # the accumulator in registers, for this block's K steps and epilogue
-    def accumulate(product_ref):
+    def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, w_smem):
             plgpu.wgmma(product_ref, x_smem, w_smem)
             plgpu.wgmma_wait(0)
@@ -9463,48 +7516,30 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
         out_smem[...] = product
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_softmax`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
-            _matmul_softmax_stage_1_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_softmax_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -9521,9 +7556,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         max_n_block = acc
         if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
+            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
@@ -9542,9 +7575,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         sum_n_block = jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -9563,9 +7594,9 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = jnp.exp(
-            acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)
-        ) / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
+        y_buffers[slot] = jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)) / rt.mgpu_spread(
+            sum_n, (block_m, block_n), 0
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -9581,15 +7612,12 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
 
 
 def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
-    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_softmax`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     (y,) = plgpu.kernel(
-        functools.partial(
-            _matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
@@ -9600,8 +7628,7 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
 
 
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
-    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
-    stages in turn, the arrays between them in global memory."""
+    """`matmul_softmax`: its stages in turn, the arrays between them in global memory."""
     acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
     y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
@@ -9609,10 +7636,10 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
 
 
 def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
-    matmul_softmax_backward_w. The forward pass saves its inputs (x, w) and its outputs y
-    (read, not recomputed): the backward kernels recompute the values they need from them.
+    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels matmul_softmax_backward, matmul_softmax_backward_x, matmul_softmax_backward_w. The forward
+    pass saves its inputs (x, w) and its outputs y (read, not recomputed): the backward kernels recompute the
+    values they need from them.
     """
     x, w, y = saved
     dy = cotangents
@@ -9623,8 +7650,8 @@ def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "w: bf16[K, N]"),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_softmax_tpu,
     triton=_matmul_softmax_gpu,
@@ -9638,18 +7665,13 @@ def matmul_softmax(x, w):
     Args:
       x: bf16[M, K].
       w: bf16[K, N].
-      block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
-        (rt.grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k: TPU blocks (None: as _matmul_softmax_tpu_blocks chooses; the spec's: 128, 512).
 
     Returns:
       y: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward,
-    matmul_softmax_backward_x, matmul_softmax_backward_w (_matmul_softmax_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
+    matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
     m = x.shape[0]
     n = w.shape[1]
@@ -9658,12 +7680,7 @@ def matmul_softmax(x, w):
     w = jnp.transpose(w, (1, 0))[None, :, :]
     y = jax.nn.softmax(
         jnp.expand_dims(
-            jnp.einsum(
-                "mk,nk->mn",
-                jnp.squeeze(x, (1,)),
-                jnp.squeeze(w, (0,)),
-                preferred_element_type=jnp.float32,
-            ),
+            jnp.einsum("mk,nk->mn", jnp.squeeze(x, (1,)), jnp.squeeze(w, (0,)), preferred_element_type=jnp.float32),
             (2,),
         ),
         axis=1,
@@ -9678,8 +7695,6 @@ def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward",
     sizes=("M", "N"),
@@ -9690,11 +7705,9 @@ _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
-    """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256
-    # B) + sum's 32-bit copy of a block 512 B. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's 32-bit
+    # copy of a block 512 B.
     return pl.pallas_call(
         _matmul_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -9708,9 +7721,7 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + 2 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + 2 * m * n),
         interpret=interpret,
         name="matmul_softmax_backward",
     )(y, dy)
@@ -9718,7 +7729,6 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
 
 def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     block_m, block_n = dacc_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -9726,22 +7736,16 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     dy = rt.load(dy_ref, inside)
     rt.store(
         dacc_ref,
-        (y * (dy - jnp.sum(rt.fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(
-            jnp.bfloat16
-        ),
+        (y * (dy - jnp.sum(rt.fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(jnp.bfloat16),
         inside,
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _matmul_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -9750,8 +7754,8 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
@@ -9765,9 +7769,7 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
     )(y, dy)
 
 
-def _matmul_softmax_backward_mosaic_gpu_kernel(
-    y_ref, dy_ref, dacc_ref, dacc_buffers, *, block_m, block_n, n
-):
+def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, y_smem, dy_smem, carry):
@@ -9777,9 +7779,7 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = dy * y
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -9799,13 +7799,10 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        dacc_buffers[slot] = (y * (dy - rt.mgpu_spread(sum_n, (block_m, block_n), 0))).astype(
-            jnp.bfloat16
-        )
+        dacc_buffers[slot] = (y * (dy - rt.mgpu_spread(sum_n, (block_m, block_n), 0))).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dacc_buffers.at[slot],
-            dacc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dacc_buffers.at[slot], dacc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -9818,15 +7815,11 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
 
 
 def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
-    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dacc,) = plgpu.kernel(
-        functools.partial(
-            _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
@@ -9837,8 +7830,8 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"y": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
-    outputs={"dacc": (jnp.bfloat16, ("M", "N"))},
+    inputs=("y: f32[M, N]", "dy: f32[M, N]"),
+    outputs=("dacc: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_matmul_softmax_backward_tpu,
     triton=_matmul_softmax_backward_gpu,
@@ -9851,19 +7844,12 @@ def matmul_softmax_backward(y, dy):
     Args:
       y: f32[M, N].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _matmul_softmax_backward_tpu_blocks chooses; the spec's: 128).
 
     Returns:
       dacc: bf16[M, N].
     """
-    dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(
-        jnp.bfloat16
-    )
+    dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(jnp.bfloat16)
     return dacc
 
 
@@ -9879,20 +7865,12 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
     acc_n_lhs = dacc
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
-            jnp.bfloat16
-        )
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
     acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(
-            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
-        )
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -9901,8 +7879,6 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_x",
     sizes=("M", "K", "N"),
@@ -9916,32 +7892,26 @@ _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_softmax_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0
-    # KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0 KiB) + f32 accumulator
+    # 256.0 KiB + f32 product step 256.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dacc: bf16[M, N]
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # w: bf16[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + 2 * m * k
@@ -9953,7 +7923,6 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
 
 def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -9963,37 +7932,23 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
         dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
         w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _matmul_softmax_backward_x_gpu(
-    dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_softmax_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dacc: bf16[M, N]
@@ -10030,38 +7985,22 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_x_mosaic_gpu(
     dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_softmax_backward_x_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _matmul_softmax_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_softmax_backward_x",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "matmul_softmax_backward_x", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dacc, w = rt.mgpu_pad(dacc, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -10074,10 +8013,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -10086,8 +8022,8 @@ def _matmul_softmax_backward_x_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dacc: bf16[M, N]", "w: bf16[K, N]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_softmax_backward_x_tpu,
     triton=_matmul_softmax_backward_x_gpu,
@@ -10100,13 +8036,9 @@ def matmul_softmax_backward_x(dacc, w):
     Args:
       dacc: bf16[M, N].
       w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
-        else 128, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_softmax_backward_x_tpu_blocks chooses; the spec's:
+        128, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -10128,12 +8060,8 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -10144,8 +8072,6 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_w",
     sizes=("K", "N", "M"),
@@ -10159,32 +8085,26 @@ _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_softmax_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0
-    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0 KiB) + f32 accumulator
+    # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: bf16[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dacc: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + 2 * k * n
@@ -10196,7 +8116,6 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
 
 def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -10206,37 +8125,23 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
         dacc = rt.load(dacc_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _matmul_softmax_backward_w_gpu(
-    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_backward_w_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_softmax_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
@@ -10273,35 +8178,21 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_softmax_backward_w_mosaic_gpu(
     x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_softmax_backward_w_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _matmul_softmax_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
-    rt.mgpu_check_choices(
-        "matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     x, dacc = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dacc, (padded_m, padded_n))
@@ -10314,10 +8205,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -10326,8 +8214,8 @@ def _matmul_softmax_backward_w_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "dacc": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    inputs=("x: bf16[M, K]", "dacc: bf16[M, N]"),
+    outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_softmax_backward_w_tpu,
     triton=_matmul_softmax_backward_w_gpu,
@@ -10340,13 +8228,9 @@ def matmul_softmax_backward_w(x, dacc):
     Args:
       x: bf16[M, K].
       dacc: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
-        else 512, 512, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_softmax_backward_w_tpu_blocks chooses; the spec's:
+        512, 512, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -10362,16 +8246,12 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     w = w_ref[...]
     h = x.astype(jnp.float32)
     y_ref[...] = jnp.dot(
-        (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / k + 1e-06) * g).astype(
-            jnp.bfloat16
-        ),
+        (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / k + 1e-06) * g).astype(jnp.bfloat16),
         w,
         preferred_element_type=jnp.float32,
     ).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul",
     sizes=("M", "N", "K"),
@@ -10390,14 +8270,11 @@ _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
-    """`rmsnorm_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
-    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB
-    # + y 256.0 KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB).
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, k=k),
-        # One step per block of M, block of N (K taken whole); steps are independent, so every axis
-        # is parallel.
+        # One step per block of M, block of N (K taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -10408,9 +8285,7 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + 2 * m * n
@@ -10422,7 +8297,6 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
 
 def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     in_k = rt.inside(0, block_k, k)
@@ -10434,11 +8308,7 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
         y_ref,
         jnp.dot(
             (
-                h
-                * jax.lax.rsqrt(
-                    jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k + 1e-06
-                )
-                * g
+                h * jax.lax.rsqrt(jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k + 1e-06) * g
             ).astype(jnp.bfloat16),
             w,
             preferred_element_type=jnp.float32,
@@ -10447,23 +8317,19 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N, K)
-# shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
     )
     block_k = max(16, pl.next_power_of_2(k))  # all of K in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each holds all of
-        # K (one block of the next power of two).
+        # One program per block of M, block of N; programs run concurrently. Each holds all of K (one block of the
+        # next power of two).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),  # x: bf16[M, K]
@@ -10478,9 +8344,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )(x, g, w)
 
 
-def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
-    x_ref, g_ref, lhs_ref, lhs_buffers, *, block_m, block_k, k
-):
+def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers, *, block_m, block_k, k):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -10490,9 +8354,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_k_block = h * h
         if k % block_k:  # a ragged K: its identity past the end
-            mean_k_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0
-            )
+            mean_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0)
         mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
         return (mean_k_running,)
 
@@ -10513,13 +8375,12 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        lhs_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
-        ).astype(jnp.bfloat16)
+        lhs_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            lhs_buffers.at[slot],
-            lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+            lhs_buffers.at[slot], lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)]
         )
 
     plgpu.emit_pipeline(
@@ -10535,15 +8396,12 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
-    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `rmsnorm_matmul`."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
-        ),
+        functools.partial(_rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
         grid=(padded_m // block_m,),
@@ -10576,48 +8434,30 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `rmsnorm_matmul`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n
-    rt.mgpu_check_choices(
-        "rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
-            _rmsnorm_matmul_stage_2_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _rmsnorm_matmul_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -10626,8 +8466,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 
 
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
-    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: its
-    stages in turn, the arrays between them in global memory."""
+    """`rmsnorm_matmul`: its stages in turn, the arrays between them in global memory."""
     lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
     y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
@@ -10635,34 +8474,24 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
 
 
 def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
-    rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
-    rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w) and
-    nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from
-    them.
+    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w,
+    rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w)
+    and nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from them.
     """
     x, g, w = saved
     dy = cotangents
     lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
     dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = rmsnorm_matmul_backward_w(lhs, dy, gpu_backend=gpu_backend, interpret=interpret)
-    dx = rmsnorm_matmul_lhs_backward(
-        x, g, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dg = rmsnorm_matmul_lhs_backward_over_m(
-        x, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dx = rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret)
+    dg = rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dg, dw
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "g": (jnp.float32, ("K",), (1, "K")),
-        "w": (jnp.bfloat16, ("K", "N")),
-    },
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "w: bf16[K, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_rmsnorm_matmul_tpu,
     triton=_rmsnorm_matmul_gpu,
@@ -10676,19 +8505,14 @@ def rmsnorm_matmul(x, g, w):
       x: bf16[M, K].
       g: f32[K].
       w: bf16[K, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _rmsnorm_matmul_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs,
-    rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
-    rmsnorm_matmul_lhs_backward_over_m (_rmsnorm_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
+    rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m
+    (_rmsnorm_matmul_vjp).
     """
     m = x.shape[0]
     n = w.shape[1]
@@ -10701,13 +8525,9 @@ def rmsnorm_matmul(x, g, w):
         jnp.einsum(
             "mk,nk->mn",
             jnp.squeeze(
-                (
-                    h
-                    * jax.lax.rsqrt(
-                        jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06
-                    )
-                    * g
-                ).astype(jnp.bfloat16),
+                (h * jax.lax.rsqrt(jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06) * g).astype(
+                    jnp.bfloat16
+                ),
                 (1,),
             ),
             jnp.squeeze(w, (0,)),
@@ -10728,8 +8548,6 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs",
     sizes=("M", "K"),
@@ -10740,11 +8558,9 @@ _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
-    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B +
-    # mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB) +
+    # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -10762,8 +8578,7 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_k
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g) + 6 * m * k
@@ -10775,7 +8590,6 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
 
 def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     block_m, block_k = lhs_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -10787,15 +8601,11 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, None, 1)}
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -10804,8 +8614,8 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
     num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_gpu_kernel, m=m, k=k),
-        # One program per block of M; programs run concurrently. Each holds all of K (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of K (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
@@ -10837,9 +8647,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_over_k_block = h * h
         if k % block_k:  # a ragged K: its identity past the end
-            mean_over_k_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0
-            )
+            mean_over_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0)
         mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
         return (mean_over_k_running,)
 
@@ -10864,13 +8672,12 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        lhs_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
-        ).astype(jnp.bfloat16)
+        lhs_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            lhs_buffers.at[slot],
-            lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+            lhs_buffers.at[slot], lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)]
         )
 
     plgpu.emit_pipeline(
@@ -10886,23 +8693,16 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     lhs, mean_k = plgpu.kernel(
-        functools.partial(
-            _rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
-        ],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -10911,8 +8711,8 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "K")), "g": (jnp.float32, ("K",), (1, "K"))},
-    outputs={"lhs": (jnp.bfloat16, ("M", "K")), "mean_k": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]"),
+    outputs=("lhs: bf16[M, K]", "mean_k: f32[M] as [M, 1]"),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_tpu,
     triton=_rmsnorm_matmul_lhs_gpu,
@@ -10925,12 +8725,7 @@ def rmsnorm_matmul_lhs(x, g):
     Args:
       x: bf16[M, K].
       g: f32[K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       lhs: bf16[M, K]; mean_k: f32[M].
@@ -10957,20 +8752,12 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
     acc_n_lhs = dy
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
-            jnp.bfloat16
-        )
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
     acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(
-            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
-        )
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -10979,8 +8766,6 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
         dlhs_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_lhs",
     sizes=("M", "K", "N"),
@@ -10994,32 +8779,26 @@ _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`rmsnorm_matmul_backward_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0
-    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
+    # 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
-            # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # w: bf16[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -11031,7 +8810,6 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
 
 def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n, block_n):
     block_m, block_k = dlhs_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -11041,37 +8819,23 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n,
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
         dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
         w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dlhs_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dlhs_ref.shape, jnp.float32))
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _rmsnorm_matmul_backward_lhs_gpu(
-    dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_backward_lhs_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _rmsnorm_matmul_backward_lhs_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -11108,38 +8872,22 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "rmsnorm_matmul_backward_lhs",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "rmsnorm_matmul_backward_lhs", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -11152,10 +8900,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -11164,8 +8909,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("K", "N"))},
-    outputs={"dlhs": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dy: bf16[M, N]", "w: bf16[K, N]"),
+    outputs=("dlhs: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_rmsnorm_matmul_backward_lhs_tpu,
     triton=_rmsnorm_matmul_backward_lhs_gpu,
@@ -11178,13 +8923,9 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     Args:
       dy: bf16[M, N].
       w: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _rmsnorm_matmul_backward_lhs_tpu_blocks chooses; the
+        spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlhs: bf16[M, K].
@@ -11206,12 +8947,8 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
     acc_m_lhs = lhs
     acc_m_rhs = dy
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -11222,8 +8959,6 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_w",
     sizes=("K", "N", "M"),
@@ -11237,32 +8972,26 @@ _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`rmsnorm_matmul_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0
-    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
+    # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # lhs: bf16[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # lhs: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dy: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + 2 * k * n
@@ -11274,7 +9003,6 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
 
 def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -11284,37 +9012,23 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, b
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         lhs = rt.load(lhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
         dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _rmsnorm_matmul_backward_w_gpu(
-    lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_backward_w_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _rmsnorm_matmul_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # lhs: bf16[M, K], read transposed
@@ -11351,35 +9065,21 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _rmsnorm_matmul_backward_w_mosaic_gpu(
     lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _rmsnorm_matmul_backward_w_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _rmsnorm_matmul_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
-    rt.mgpu_check_choices(
-        "rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
     lhs, dy = rt.mgpu_pad(lhs, (padded_k, padded_m)), rt.mgpu_pad(dy, (padded_m, padded_n))
@@ -11392,10 +9092,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -11404,8 +9101,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"lhs": (jnp.bfloat16, ("M", "K")), "dy": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dw": (jnp.bfloat16, ("K", "N"))},
+    inputs=("lhs: bf16[M, K]", "dy: bf16[M, N]"),
+    outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_rmsnorm_matmul_backward_w_tpu,
     triton=_rmsnorm_matmul_backward_w_gpu,
@@ -11418,13 +9115,9 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     Args:
       lhs: bf16[M, K].
       dy: bf16[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
-        else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _rmsnorm_matmul_backward_w_tpu_blocks chooses; the spec's:
+        512, 512, 256).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -11449,8 +9142,6 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward",
     sizes=("M", "K"),
@@ -11461,12 +9152,10 @@ _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
-    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0
-    # KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let
-    # lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0
-    # KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
+    # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let
+    # dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -11480,13 +9169,10 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * k,
-            transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k,
+            flops=18 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward",
@@ -11495,7 +9181,6 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
 
 def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -11508,26 +9193,16 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
     lhs_3 = jax.lax.rsqrt(lhs_2)
     dlhs_1 = dlhs.astype(jnp.float32)
     dlhs_2 = dlhs_1 * g
-    dlhs_3 = (
-        jnp.sum(rt.fill_past((dlhs_2 * h), 0, k, 1, 0.0), axis=1, keepdims=True)
-        * (-0.5 * (lhs_3 / lhs_2))
-        / k
-    )
+    dlhs_3 = jnp.sum(rt.fill_past((dlhs_2 * h), 0, k, 1, 0.0), axis=1, keepdims=True) * (-0.5 * (lhs_3 / lhs_2)) / k
     dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, None, 1)}
 
 
-def _rmsnorm_matmul_lhs_backward_gpu(
-    x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret
-):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
@@ -11536,8 +9211,8 @@ def _rmsnorm_matmul_lhs_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, k=k),
-        # One program per block of M; programs run concurrently. Each holds all of K (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of K (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
@@ -11554,18 +9229,7 @@ def _rmsnorm_matmul_lhs_backward_gpu(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
-    x_ref,
-    g_ref,
-    mean_k_ref,
-    dlhs_ref,
-    dx_ref,
-    barrier,
-    mean_k_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_k,
-    k,
+    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, barrier, mean_k_smem, dx_buffers, *, block_m, block_k, k
 ):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0])
@@ -11584,9 +9248,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         dlhs_2 = dlhs_1 * g
         sum_k_block = dlhs_2 * h
         if k % block_k:  # a ragged K: its identity past the end
-            sum_k_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0
-            )
+            sum_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0)
         sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
         return (sum_k_running,)
 
@@ -11623,8 +9285,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = dh.astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)]
         )
 
     plgpu.emit_pipeline(
@@ -11641,17 +9302,12 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
-    mean_k = rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
-    dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
+    mean_k, dlhs = rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,)), rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -11666,13 +9322,8 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "g": (jnp.float32, ("K",), (1, "K")),
-        "mean_k": (jnp.float32, ("M",), ("M", 1)),
-        "dlhs": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_tpu,
     triton=_rmsnorm_matmul_lhs_backward_gpu,
@@ -11687,12 +9338,7 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
       g: f32[K].
       mean_k: f32[M].
       dlhs: bf16[M, K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       dx: bf16[M, K].
@@ -11706,19 +9352,13 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     lhs_3 = jax.lax.rsqrt(lhs_2)
     dlhs_1 = dlhs.astype(jnp.float32)
     dlhs_2 = dlhs_1 * g
-    dlhs_3 = (
-        jnp.sum((dlhs_2 * h), axis=1, keepdims=True, dtype=jnp.float32)
-        * (-0.5 * (lhs_3 / lhs_2))
-        / k
-    )
+    dlhs_3 = jnp.sum((dlhs_2 * h), axis=1, keepdims=True, dtype=jnp.float32) * (-0.5 * (lhs_3 / lhs_2)) / k
     dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
     dx = dh.astype(jnp.bfloat16)
     return dx
 
 
-def _rmsnorm_matmul_lhs_backward_over_m_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, block_m
-):
+def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, block_m):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -11744,8 +9384,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(
         dg_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward_over_m",
     sizes=("M", "K"),
@@ -11756,12 +9394,10 @@ _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
-    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB +
-    # dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0
-    # KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
+    # + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB
+    # + let dlhs_1 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).
@@ -11773,27 +9409,20 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         ],
         out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * k,
-            transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k,
+            flops=6 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward_over_m",
     )(x, mean_k, dlhs)
 
 
-def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m
-):
+def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m):
     _, block_k = dg_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     inside = rt.mask((1, block_k), None, in_k)
 
@@ -11822,28 +9451,19 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
     rt.store(dg_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, K) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_lhs_backward_over_m_gpu_options,
-        (m, k),
-        (block_m, block_k, num_warps, num_stages),
+        _rmsnorm_matmul_lhs_backward_over_m_gpu_options, (m, k), (block_m, block_k, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(
-            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m
-        ),
-        # One program per block of K; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m),
+        # One program per block of K; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(k, block_k),),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i: (0, i)),  # x: bf16[M, K]
@@ -11876,9 +9496,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         dlhs_1 = dlhs.astype(jnp.float32)
         sum_m_block = dlhs_1 * lhs_3
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -11900,20 +9518,12 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
-    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dg,) = plgpu.kernel(
-        functools.partial(
-            _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_k=block_k,
-            m=m,
-        ),
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_k,), jnp.float32),),
         scratch_types=[plgpu.SMEM((block_k,), jnp.float32)],
         grid=(padded_k // block_k,),
@@ -11924,12 +9534,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "mean_k": (jnp.float32, ("M",), ("M", 1)),
-        "dlhs": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dg": (jnp.float32, ("K",), (1, "K"))},
+    inputs=("x: bf16[M, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
+    outputs=("dg: f32[K] as [1, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
     triton=_rmsnorm_matmul_lhs_backward_over_m_gpu,
@@ -11943,12 +9549,7 @@ def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
       x: bf16[M, K].
       mean_k: f32[M].
       dlhs: bf16[M, K].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks chooses; the spec's: 256).
 
     Returns:
       dg: f32[K].

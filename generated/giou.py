@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -20,9 +31,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _giou_kernel(
-    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps
-):
+def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps):
     ax1 = ax1_ref[...]
     ay1 = ay1_ref[...]
     ax2 = ax2_ref[...]
@@ -37,14 +46,10 @@ def _giou_kernel(
     inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_tpu_blocks = rt.TpuBlocks(
     "giou",
     sizes=("B", "N"),
@@ -55,13 +60,10 @@ _giou_tpu_blocks = rt.TpuBlocks(
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
-    """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
-    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
-    # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let
-    # area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter
-    # 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
+    # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let
+    # inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -79,8 +81,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(100 * block_b * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(100 * block_b * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
@@ -92,11 +93,8 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
 
 
-def _giou_gpu_kernel(
-    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, b, n, eps
-):
+def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, b, n, eps):
     block_b, block_n = giou_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
@@ -114,39 +112,15 @@ def _giou_gpu_kernel(
     inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
-def _giou_gpu(
-    ax1,
-    ay1,
-    ax2,
-    ay2,
-    bx1,
-    by1,
-    bx2,
-    by2,
-    *,
-    b,
-    n,
-    block_b,
-    block_n,
-    num_warps,
-    num_stages,
-    eps,
-    interpret,
-):
-    """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret):
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -173,25 +147,11 @@ def _giou_gpu(
 
 
 def _giou_mosaic_gpu_kernel(
-    ax1_ref,
-    ay1_ref,
-    ax2_ref,
-    ay2_ref,
-    bx1_ref,
-    by1_ref,
-    bx2_ref,
-    by2_ref,
-    giou_ref,
-    *,
-    block_b,
-    block_n,
-    eps,
+    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, block_b, block_n, eps
 ):
     program_b, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("N")
 
-    def step(
-        _, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem
-    ):
+    def step(_, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem):
         ax1 = rt.mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
         ay1 = rt.mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
         ax2 = rt.mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
@@ -206,23 +166,18 @@ def _giou_mosaic_gpu_kernel(
         inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
         inter = inter_w * inter_h
         union = area_a + area_b - inter
-        hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-            jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-        )
+        hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
         giou_smem[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
-        * 8,
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)] * 8,
         out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)],
     )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
 
 
 def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
-    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_b, block_n = 64, 64
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
@@ -240,42 +195,31 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
 
 
 def _giou_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
-    ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
-    values they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
+    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the generated backward kernels
+    giou_backward. The forward pass saves its inputs (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) and nothing else:
+    the backward kernels recompute the values they need (area_a, area_b, inter_w, inter_h, inter, union, hull)
+    from them.
     """
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
     dgiou = cotangents
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
-        dgiou,
-        eps=eps,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps, gpu_backend=gpu_backend, interpret=interpret
     )
     return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
 
 
 @rt.kernel(
-    inputs={
-        "ax1": (jnp.float32, ("B", "N")),
-        "ay1": (jnp.float32, ("B", "N")),
-        "ax2": (jnp.float32, ("B", "N")),
-        "ay2": (jnp.float32, ("B", "N")),
-        "bx1": (jnp.float32, ("B", "N")),
-        "by1": (jnp.float32, ("B", "N")),
-        "bx2": (jnp.float32, ("B", "N")),
-        "by2": (jnp.float32, ("B", "N")),
-    },
-    outputs={"giou": (jnp.float32, ("B", "N"))},
+    inputs=(
+        "ax1: f32[B, N]",
+        "ay1: f32[B, N]",
+        "ax2: f32[B, N]",
+        "ay2: f32[B, N]",
+        "bx1: f32[B, N]",
+        "by1: f32[B, N]",
+        "bx2: f32[B, N]",
+        "by2: f32[B, N]",
+    ),
+    outputs=("giou: f32[B, N]",),
     sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_tpu,
@@ -298,13 +242,8 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
       by1: f32[B, N].
       bx2: f32[B, N].
       by2: f32[B, N].
-      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_n: TPU blocks (None: as _giou_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       giou: f32[B, N].
@@ -317,9 +256,7 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
     inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
     giou = inter / (union + eps) - (hull - union) / (hull + eps)
     return giou
 
@@ -390,14 +327,10 @@ def _giou_backward_kernel(
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(
-        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
-    )
+    dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(
-        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
-    )
+    dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
     dinter_w_2 = -dinter_w_1
     darea_b_1 = dunion * area_b_2
     darea_b_2 = dunion * area_b_1
@@ -445,8 +378,6 @@ def _giou_backward_kernel(
     )
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_backward_tpu_blocks = rt.TpuBlocks(
     "giou_backward",
     sizes=("B", "N"),
@@ -456,26 +387,20 @@ _giou_backward_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _giou_backward_tpu(
-    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret
-):
-    """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
     block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
-    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
-    # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0
-    # MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB
-    # + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let area_a_2 1.0 MiB + let area_a 1.0 MiB + let
-    # area_b_1 1.0 MiB + let area_b_2 1.0 MiB + let area_b 1.0 MiB + let inter_w_1 1.0 MiB + let
-    # inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let
-    # inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let
-    # union 1.0 MiB + let hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0
-    # MiB + let hull_5 1.0 MiB + let hull_6 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB + let
-    # giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB + let dhull
-    # 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0 MiB + let dhull_4 1.0
-    # MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB
-    # + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0
-    # MiB + let darea_b_1 1.0 MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2
-    # 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
+    # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB +
+    # day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let area_a_2
+    # 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB + let area_b 1.0 MiB + let inter_w_1
+    # 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let
+    # inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let
+    # hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0 MiB + let hull_5 1.0 MiB + let hull_6
+    # 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB + let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB +
+    # let dgiou_2 1.0 MiB + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0 MiB + let
+    # dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB + let
+    # dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0
+    # MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -512,8 +437,7 @@ def _giou_backward_tpu(
             jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby2
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,
@@ -549,7 +473,6 @@ def _giou_backward_gpu_kernel(
     eps,
 ):
     block_b, block_n = dax1_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
@@ -598,14 +521,10 @@ def _giou_backward_gpu_kernel(
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(
-        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
-    )
+    dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(
-        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
-    )
+    dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
     dinter_w_2 = -dinter_w_1
     darea_b_1 = dunion * area_b_2
     darea_b_2 = dunion * area_b_1
@@ -669,34 +588,13 @@ def _giou_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _giou_backward_gpu(
-    ax1,
-    ay1,
-    ax2,
-    ay2,
-    bx1,
-    by1,
-    bx2,
-    by2,
-    dgiou,
-    *,
-    b,
-    n,
-    block_b,
-    block_n,
-    num_warps,
-    num_stages,
-    eps,
-    interpret,
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret
 ):
-    """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_b, block_n, num_warps, num_stages = rt.triton_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
@@ -831,14 +729,10 @@ def _giou_backward_mosaic_gpu_kernel(
         dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
         dinter = dgiou / giou_1 + -dunion
         dinter_h = dinter * inter_w
-        dinter_h_1 = jnp.where(
-            inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
-        )
+        dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
         dinter_h_2 = -dinter_h_1
         dinter_w = dinter * inter_h
-        dinter_w_1 = jnp.where(
-            inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
-        )
+        dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
         dinter_w_2 = -dinter_w_1
         darea_b_1 = dunion * area_b_2
         darea_b_2 = dunion * area_b_1
@@ -846,68 +740,50 @@ def _giou_backward_mosaic_gpu_kernel(
         darea_a_2 = dunion * area_a_1
         dax1_smem[...] = (
             jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-            + jnp.where(
-                ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0
-            )
+            + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
             + -darea_a_1
         )
         day1_smem[...] = (
             jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-            + jnp.where(
-                ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0
-            )
+            + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
             + -darea_a_2
         )
         dax2_smem[...] = (
             jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-            + jnp.where(
-                ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0
-            )
+            + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
             + darea_a_1
         )
         day2_smem[...] = (
             jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-            + jnp.where(
-                ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0
-            )
+            + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
             + darea_a_2
         )
         dbx1_smem[...] = (
             jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-            + jnp.where(
-                bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0
-            )
+            + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
             + -darea_b_1
         )
         dby1_smem[...] = (
             jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-            + jnp.where(
-                by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0
-            )
+            + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
             + -darea_b_2
         )
         dbx2_smem[...] = (
             jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-            + jnp.where(
-                bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0
-            )
+            + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
             + darea_b_1
         )
         dby2_smem[...] = (
             jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-            + jnp.where(
-                by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0
-            )
+            + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
             + darea_b_2
         )
 
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
-        * 9,
-        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)]
-        * 8,
+        in_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)] * 9,
+        out_specs=[rt.mgpu_spec((block_b, block_n), lambda _: (program_b, program_n), jnp.float32)] * 8,
     )(
         ax1_ref,
         ay1_ref,
@@ -929,11 +805,7 @@ def _giou_backward_mosaic_gpu_kernel(
     )
 
 
-def _giou_backward_mosaic_gpu(
-    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret
-):
-    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret):
     block_b, block_n = 64, 32
     padded_b, padded_n = b + -b % 8, n + -n % block_n
     ax1, ay1 = rt.mgpu_pad(ax1, (padded_b, padded_n)), rt.mgpu_pad(ay1, (padded_b, padded_n))
@@ -942,9 +814,7 @@ def _giou_backward_mosaic_gpu(
     bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     dgiou = rt.mgpu_pad(dgiou, (padded_b, padded_n))
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
-        functools.partial(
-            _giou_backward_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps
-        ),
+        functools.partial(_giou_backward_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
@@ -972,27 +842,27 @@ def _giou_backward_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "ax1": (jnp.float32, ("B", "N")),
-        "ay1": (jnp.float32, ("B", "N")),
-        "ax2": (jnp.float32, ("B", "N")),
-        "ay2": (jnp.float32, ("B", "N")),
-        "bx1": (jnp.float32, ("B", "N")),
-        "by1": (jnp.float32, ("B", "N")),
-        "bx2": (jnp.float32, ("B", "N")),
-        "by2": (jnp.float32, ("B", "N")),
-        "dgiou": (jnp.float32, ("B", "N")),
-    },
-    outputs={
-        "dax1": (jnp.float32, ("B", "N")),
-        "day1": (jnp.float32, ("B", "N")),
-        "dax2": (jnp.float32, ("B", "N")),
-        "day2": (jnp.float32, ("B", "N")),
-        "dbx1": (jnp.float32, ("B", "N")),
-        "dby1": (jnp.float32, ("B", "N")),
-        "dbx2": (jnp.float32, ("B", "N")),
-        "dby2": (jnp.float32, ("B", "N")),
-    },
+    inputs=(
+        "ax1: f32[B, N]",
+        "ay1: f32[B, N]",
+        "ax2: f32[B, N]",
+        "ay2: f32[B, N]",
+        "bx1: f32[B, N]",
+        "by1: f32[B, N]",
+        "bx2: f32[B, N]",
+        "by2: f32[B, N]",
+        "dgiou: f32[B, N]",
+    ),
+    outputs=(
+        "dax1: f32[B, N]",
+        "day1: f32[B, N]",
+        "dax2: f32[B, N]",
+        "day2: f32[B, N]",
+        "dbx1: f32[B, N]",
+        "dby1: f32[B, N]",
+        "dbx2: f32[B, N]",
+        "dby2: f32[B, N]",
+    ),
     sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_backward_tpu,
@@ -1013,13 +883,8 @@ def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
       bx2: f32[B, N].
       by2: f32[B, N].
       dgiou: f32[B, N].
-      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_n: TPU blocks (None: as _giou_backward_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
@@ -1060,14 +925,10 @@ def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(
-        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
-    )
+    dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(
-        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
-    )
+    dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
     dinter_w_2 = -dinter_w_1
     darea_b_1 = dunion * area_b_2
     darea_b_2 = dunion * area_b_1

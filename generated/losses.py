@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -36,9 +47,7 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == 0)
     def _init():
-        logsumexp_over_v_max_ref[...] = jnp.full(
-            logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32
-        )
+        logsumexp_over_v_max_ref[...] = jnp.full(logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32)
         logsumexp_over_v_sum_ref[...] = jnp.full(logsumexp_over_v_sum_ref.shape, 0.0, jnp.float32)
         sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
 
@@ -47,16 +56,12 @@ def _cross_entropy_with_residuals_kernel(
     z = logits.astype(jnp.float32)
     logsumexp_over_v_block = z
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_over_v_block = rt.fill_past(
-            logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf
-        )
+        logsumexp_over_v_block = rt.fill_past(logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf)
     logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
         logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
     )
     sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
-        z,
-        0,
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
         sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
@@ -64,43 +69,30 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_over_v = rt.logsumexp_finish(
-            logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...]
-        )
+        logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
         sum_v = sum_v_running_ref[...]
         logsumexp_v = logsumexp_over_v
         logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_with_residuals",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={
-        None: {"default": (16, 2048)},
-        "v5e": {(4096, 32768): (128, 16384)},
-        "v6e": {(4096, 32768): (128, 16384)},
-    },
+    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (128, 16384)}, "v6e": {(4096, 32768): (128, 16384)}},
     step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
 )
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v)
-    )
-    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B
-    # + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
-    # block 128.0 KiB + let z 128.0 KiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v))
+    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
+    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
-        # V accumulate in order (arbitrary).
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
@@ -108,8 +100,7 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         ],
         out_specs=(
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -120,28 +111,22 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
             pltpu.VMEM((block_m, 1), jnp.float32),
             # logsumexp_over_v_sum_ref: the running logsumexp over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_running_ref: the running sum over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
-            transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + 8 * m * v,
+            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 8 * m * v
         ),
         interpret=interpret,
         name="cross_entropy_with_residuals",
     )(logits, label)
 
 
-def _cross_entropy_with_residuals_gpu_kernel(
-    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v
-):
+def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     label = rt.load(label_ref, inside)
@@ -158,9 +143,7 @@ def _cross_entropy_with_residuals_gpu_kernel(
         logsumexp_over_v_max, logsumexp_over_v_sum = rt.logsumexp_step(
             logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
         )
-        sum_v_block = jnp.where(
-            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-        )
+        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
@@ -183,24 +166,17 @@ def _cross_entropy_with_residuals_gpu_kernel(
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
 
 
-def _cross_entropy_with_residuals_gpu(
-    logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
-):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
@@ -246,23 +222,16 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
             logsumexp_over_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v,
-                logsumexp_over_v_block,
-                -jnp.inf,
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_over_v_block, -jnp.inf
             )
         logsumexp_over_v_running, logsumexp_over_v_index = rt.mgpu_logsumexp_step(
             logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1)
-            == rt.mgpu_spread(label, (block_m, block_v), 0),
-            z,
-            0,
+            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
-            )
+            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
 
@@ -290,20 +259,12 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
 
 
 def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
-        functools.partial(
-            _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
+        functools.partial(_cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32), jax.ShapeDtypeStruct((padded_m,), jnp.float32)),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.int32),
@@ -318,11 +279,8 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
 
 
 @rt.kernel(
-    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
-    outputs={
-        "loss": (jnp.float32, ("M",), ("M", 1)),
-        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
+    outputs=("loss: f32[M] as [M, 1]", "logsumexp_v: f32[M] as [M, 1]"),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_with_residuals_tpu,
     triton=_cross_entropy_with_residuals_gpu,
@@ -335,12 +293,8 @@ def cross_entropy_with_residuals(logits, label):
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_with_residuals_tpu_blocks chooses; the spec's: 16,
+        2048).
 
     Returns:
       loss: f32[M]; logsumexp_v: f32[M].
@@ -362,15 +316,7 @@ def cross_entropy_with_residuals(logits, label):
 
 
 def _cross_entropy_kernel(
-    logits_ref,
-    label_ref,
-    loss_ref,
-    logsumexp_v_max_ref,
-    logsumexp_v_sum_ref,
-    sum_v_running_ref,
-    *,
-    v,
-    block_v,
+    logits_ref, label_ref, loss_ref, logsumexp_v_max_ref, logsumexp_v_sum_ref, sum_v_running_ref, *, v, block_v
 ):
     step = pl.program_id(1)
 
@@ -390,9 +336,7 @@ def _cross_entropy_kernel(
         logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
     )
     sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
-        z,
-        0,
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
         sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
@@ -405,8 +349,6 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_tpu_blocks = rt.TpuBlocks(
     "cross_entropy",
     sizes=("M", "V"),
@@ -417,15 +359,13 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
 
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
-    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B)
-    # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let
-    # z 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's
+    # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps along
-        # V accumulate in order (arbitrary).
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
@@ -434,21 +374,16 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         scratch_shapes=[
-            # logsumexp_v_max_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # logsumexp_v_sum_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_running_ref: the running sum over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
+            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_max_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_sum_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
-            transcendentals=m * v,
-            bytes_accessed=rt.nbytes(logits, label) + 4 * m * v,
+            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 4 * m * v
         ),
         interpret=interpret,
         name="cross_entropy",
@@ -457,7 +392,6 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
 
 def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
     label = rt.load(label_ref, inside)
@@ -471,12 +405,8 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
             logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
-        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(
-            logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1
-        )
-        sum_v_block = jnp.where(
-            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-        )
+        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1)
+        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
@@ -497,22 +427,17 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
@@ -547,15 +472,10 @@ def _cross_entropy_mosaic_gpu_kernel(
             logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
         )
         sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1)
-            == rt.mgpu_spread(label, (block_m, block_v), 0),
-            z,
-            0,
+            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
-            )
+            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
 
@@ -578,12 +498,9 @@ def _cross_entropy_mosaic_gpu_kernel(
 
 
 def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
@@ -600,23 +517,20 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
 
 
 def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
-    (logits, label) and the residuals logsumexp_v (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (z) from
-    them. Integer and bool inputs (label) get None: float0 cotangents.
+    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels cross_entropy_backward. The forward pass saves its inputs (logits, label) and the residuals
+    logsumexp_v (forward values that cost more to recompute than to save): the backward kernels recompute the
+    values they need (z) from them. Integer and bool inputs (label) get None: float0 cotangents.
     """
     logits, label, logsumexp_v = saved
     dloss = cotangents
-    dlogits = cross_entropy_backward(
-        logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret)
     return dlogits, None
 
 
 @rt.kernel(
-    inputs={"logits": (jnp.bfloat16, ("M", "V")), "label": (jnp.int32, ("M",), ("M", 1))},
-    outputs={"loss": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
+    outputs=("loss: f32[M] as [M, 1]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_tpu,
     triton=_cross_entropy_gpu,
@@ -632,18 +546,12 @@ def cross_entropy(logits, label):
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_tpu_blocks chooses; the spec's: 16, 2048).
 
     Returns:
       loss: f32[M].
 
-    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
-    (_cross_entropy_vjp).
+    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
     m = logits.shape[0]
     v = logits.shape[1]
@@ -659,44 +567,30 @@ def cross_entropy(logits, label):
     return loss
 
 
-def _cross_entropy_backward_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v
-):
+def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v):
     logits = logits_ref[...]
     label = label_ref[...]
     logsumexp_v = logsumexp_v_ref[...]
     dloss = dloss_ref[...]
     z = logits.astype(jnp.float32)
-    loss_1 = (
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
-    )
+    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_backward",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={
-        None: {"default": (16, 2048)},
-        "v5e": {(4096, 32768): (64, 16384)},
-        "v6e": {(4096, 32768): (64, 16384)},
-    },
+    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (64, 16384)}, "v6e": {(4096, 32768): (64, 16384)}},
     step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
 )
 
 
-def _cross_entropy_backward_tpu(
-    logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
-):
-    """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
     block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
-    # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
-    # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB +
-    # let dz 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
+    # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is parallel.
@@ -704,8 +598,7 @@ def _cross_entropy_backward_tpu(
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
@@ -724,11 +617,8 @@ def _cross_entropy_backward_tpu(
     )(logits, label, logsumexp_v, dloss)
 
 
-def _cross_entropy_backward_gpu_kernel(
-    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v
-):
+def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v):
     block_m, block_v = dlogits_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
     inside = rt.mask((block_m, block_v), in_m, in_v)
@@ -737,24 +627,18 @@ def _cross_entropy_backward_gpu_kernel(
     logsumexp_v = rt.load(logsumexp_v_ref, (in_m, None))
     dloss = rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
-    loss_1 = (
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
-    )
+    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, V) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
-    """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_v, num_warps, num_stages = rt.triton_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
@@ -765,9 +649,7 @@ def _cross_entropy_backward_gpu(
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            pl.BlockSpec(
-                (block_m, 1), lambda i, j: (i, 0)
-            ),  # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
@@ -802,25 +684,18 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
 
 
 def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
-    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % 8, v + -v % block_v
-    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
-    label = rt.mgpu_pad(label.reshape((m,)), (padded_m,))
+    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))
     dloss = rt.mgpu_pad(dloss.reshape((m,)), (padded_m,))
     (dlogits,) = plgpu.kernel(
-        functools.partial(
-            _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v
-        ),
+        functools.partial(_cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_v), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_v, block_v)),
         grid_names=("M", "V"),
@@ -830,13 +705,13 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
 
 
 @rt.kernel(
-    inputs={
-        "logits": (jnp.bfloat16, ("M", "V")),
-        "label": (jnp.int32, ("M",), ("M", 1)),
-        "logsumexp_v": (jnp.float32, ("M",), ("M", 1)),
-        "dloss": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dlogits": (jnp.bfloat16, ("M", "V"))},
+    inputs=(
+        "logits: bf16[M, V]",
+        "label: i32[M] as [M, 1]",
+        "logsumexp_v: f32[M] as [M, 1]",
+        "dloss: f32[M] as [M, 1]",
+    ),
+    outputs=("dlogits: bf16[M, V]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_backward_tpu,
     triton=_cross_entropy_backward_gpu,
@@ -851,12 +726,7 @@ def cross_entropy_backward(logits, label, logsumexp_v, dloss):
       label: i32[M].
       logsumexp_v: f32[M].
       dloss: f32[M].
-      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_v: TPU blocks (None: as _cross_entropy_backward_tpu_blocks chooses; the spec's: 16, 2048).
 
     Returns:
       dlogits: bf16[M, V].

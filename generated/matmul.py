@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -34,9 +45,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
         acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
         acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -44,8 +53,6 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_tpu_blocks = rt.TpuBlocks(
     "matmul",
     sizes=("M", "N", "K"),
@@ -59,17 +66,13 @@ _matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
+    # f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -77,13 +80,10 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -95,7 +95,6 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -105,31 +104,24 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -143,9 +135,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -166,49 +156,26 @@ def _matmul_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
+        functools.partial(_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -217,10 +184,9 @@ def _matmul_mosaic_gpu(
 
 
 def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
-    its inputs (x, y) and nothing else: the backward kernels recompute the values they need
-    from them.
+    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels matmul_backward_x, matmul_backward_y. The forward pass saves its inputs (x, y) and nothing else: the
+    backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -230,8 +196,8 @@ def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_tpu,
     triton=_matmul_gpu,
@@ -244,19 +210,13 @@ def matmul(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_tpu_blocks chooses; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
-    matmul_backward_y (_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
     z = acc
@@ -278,13 +238,9 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
         acc_n_lhs = rt.fill_past(acc_n_lhs, step * block_n, n, 1, 0)
         acc_n_rhs = rt.fill_past(acc_n_rhs, step * block_n, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(
-            acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True
-        )
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -293,8 +249,6 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
         dx_ref[...] = acc_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_x",
     sizes=("M", "K", "N"),
@@ -304,32 +258,24 @@ _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_k, block_n = rt.tpu_blocks(_matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
+    # + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: f32[M, N]
-            # y: f32[K, N], read transposed
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 4 * m * k
@@ -341,7 +287,6 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -351,37 +296,23 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
         in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
         dz = rt.load(dz_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(
-            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
     rt.store(dx_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_backward_x_gpu(
-    dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
@@ -418,48 +349,27 @@ def _matmul_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_backward_x_mosaic_gpu(
-    dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
-    rt.mgpu_check_choices(
-        "matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_x_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-            stages=stages,
+            _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -468,8 +378,8 @@ def _matmul_backward_x_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "K"))},
+    inputs=("dz: f32[M, N]", "y: f32[K, N]"),
+    outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_backward_x_tpu,
     triton=_matmul_backward_x_gpu,
@@ -482,13 +392,9 @@ def matmul_backward_x(dz, y):
     Args:
       dz: f32[M, N].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_backward_x_tpu_blocks chooses; the spec's: 512,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
@@ -522,8 +428,6 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
         dy_ref[...] = acc_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_y",
     sizes=("K", "N", "M"),
@@ -533,32 +437,24 @@ _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_k, block_n, block_m = rt.tpu_blocks(_matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m))
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K], read transposed
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dz: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + 4 * k * n
@@ -570,7 +466,6 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
 
 def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_k, block_n), in_k, in_n)
@@ -580,39 +475,25 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         x = rt.load(x_ref.at[:, pl.ds(start, block_m)], (in_k, in_m), other=0)
         dz = rt.load(dz_ref.at[:, pl.ds(start, block_m)], (in_n, in_m), other=0)
-        return acc + jax.lax.dot_general(
-            x, dz, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, dz, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32))
     rt.store(dy_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_backward_y_gpu(
-    x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
-    """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     x = jnp.swapaxes(x, -1, -2)  # f32 wgmma reads K-major tiles only
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
@@ -649,50 +530,29 @@ def _matmul_backward_y_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_backward_y_mosaic_gpu(
-    x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
-):
-    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret):
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
-    rt.mgpu_check_choices(
-        "matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, dz = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_y_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-            stages=stages,
+            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -701,8 +561,8 @@ def _matmul_backward_y_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "dz": (jnp.float32, ("M", "N"))},
-    outputs={"dy": (jnp.float32, ("K", "N"))},
+    inputs=("x: f32[M, K]", "dz: f32[M, N]"),
+    outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_backward_y_tpu,
     triton=_matmul_backward_y_gpu,
@@ -715,13 +575,9 @@ def matmul_backward_y(x, dz):
     Args:
       x: f32[M, K].
       dz: f32[M, N].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
-        else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_backward_y_tpu_blocks chooses; the spec's: 1024,
+        1024, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
@@ -745,9 +601,7 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, 
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
         acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
         acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -757,8 +611,6 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, 
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_with_residuals",
     sizes=("M", "N", "K"),
@@ -772,17 +624,15 @@ _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc
-    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
+    # accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -792,22 +642,14 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 8 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 8 * m * n
         ),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -816,7 +658,6 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
 
 def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -826,40 +667,26 @@ def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return product + jax.lax.dot_general(
-            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return product + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(
-        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
-    )
+    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_relu_with_residuals_gpu(
-    x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_with_residuals_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_relu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -869,10 +696,7 @@ def _matmul_relu_with_residuals_gpu(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -884,8 +708,7 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    # the accumulator in registers, for this block's K steps and epilogue
-    def accumulate(product_ref):
+    def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem.T)
             plgpu.wgmma_wait(0)
@@ -906,41 +729,24 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
-        (
-            acc_smem,
-            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
+        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
+        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_with_residuals_mosaic_gpu(
     x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_with_residuals_mosaic_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, stages),
+        _matmul_relu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
     rt.mgpu_check_choices(
-        "matmul_relu_with_residuals",
-        "M N K",
-        (block_m, block_n, block_k, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -970,8 +776,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]", "acc: f32[M, N]"),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_with_residuals_tpu,
     triton=_matmul_relu_with_residuals_gpu,
@@ -984,13 +790,9 @@ def matmul_relu_with_residuals(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_with_residuals_tpu_blocks chooses; the
+        spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N]; acc: f32[M, N].
@@ -1015,9 +817,7 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
         acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
         acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -1025,8 +825,6 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc_k)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_tpu_blocks = rt.TpuBlocks(
     "matmul_relu",
     sizes=("M", "N", "K"),
@@ -1040,17 +838,13 @@ _matmul_relu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) +
-    # f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) + f32 accumulator 512.0
+    # KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
@@ -1058,18 +852,13 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 4 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul_relu",
@@ -1078,7 +867,6 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1088,31 +876,24 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -1126,9 +907,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1149,49 +928,28 @@ def _matmul_relu_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_relu_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -1200,10 +958,10 @@ def _matmul_relu_mosaic_gpu(
 
 
 def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward
-    pass saves its inputs (x, y) and the residuals acc (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
+    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the
+    residuals acc (forward values that cost more to recompute than to save): the backward kernels recompute the
+    values they need from them.
     """
     x, y, acc = saved
     dz = cotangents
@@ -1213,8 +971,8 @@ def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "K")), "y": (jnp.float32, ("K", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, K]", "y: f32[K, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_tpu,
     triton=_matmul_relu_gpu,
@@ -1229,19 +987,15 @@ def matmul_relu(x, y):
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
-        else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_tpu_blocks chooses; the spec's: 256, 512,
+        512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
-    matmul_relu_backward_y (_matmul_relu_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
+    (_matmul_relu_vjp).
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
     z = jax.nn.relu(acc)
@@ -1275,8 +1029,6 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
         dx_ref[...] = acc_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_x",
     sizes=("M", "K", "N"),
@@ -1291,17 +1043,15 @@ _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB +
-    # dx 512.0 KiB) + acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) +
+    # acc_n_ref 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
@@ -1310,13 +1060,10 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + 4 * m * k
@@ -1328,7 +1075,6 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
 
 def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
@@ -1350,33 +1096,22 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _matmul_relu_backward_x_gpu(
-    acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_relu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over
-        # the blocks of N itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
@@ -1391,9 +1126,7 @@ def _matmul_relu_backward_x_gpu(
     )(acc, dz, y)
 
 
-def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
-    acc_ref, dz_ref, lhs_ref, *, block_m, block_n
-):
+def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
@@ -1405,22 +1138,18 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, lhs_ref)
 
 
 def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -1452,38 +1181,23 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _matmul_relu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_relu_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -1496,10 +1210,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -1508,8 +1219,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_x`: its stages in turn, the arrays between them in global memory."""
     lhs = _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_relu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
@@ -1517,12 +1227,8 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-        "y": (jnp.float32, ("K", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "K"))},
+    inputs=("acc: f32[M, N]", "dz: f32[M, N]", "y: f32[K, N]"),
+    outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
     triton=_matmul_relu_backward_x_gpu,
@@ -1536,12 +1242,8 @@ def matmul_relu_backward_x(acc, dz, y):
       acc: f32[M, N].
       dz: f32[M, N].
       y: f32[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_relu_backward_x_tpu_blocks chooses; the spec's:
+        256, 512, 512).
 
     Returns:
       dx: f32[M, K].
@@ -1554,13 +1256,7 @@ def matmul_relu_backward_x(acc, dz, y):
     y = y[None, :, :]
     dacc = jnp.where(acc > 0, dz, 0)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
     )
     dx = dx.reshape((m, k))
     return dx
@@ -1593,8 +1289,6 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
         dy_ref[...] = acc_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_y",
     sizes=("K", "N", "M"),
@@ -1609,17 +1303,15 @@ _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB
-    # + dy 1.0 MiB) + acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the
-    # limit.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) +
+    # acc_m_ref 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # acc: f32[M, N]
@@ -1628,13 +1320,10 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + 4 * k * n
@@ -1646,7 +1335,6 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
 
 def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
 
@@ -1668,33 +1356,22 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
         )
         return (acc_m,)
 
-    (acc_m,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
-    )
+    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _matmul_relu_backward_y_gpu(
-    acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
-    """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_relu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over
-        # the blocks of M itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
@@ -1709,9 +1386,7 @@ def _matmul_relu_backward_y_gpu(
     )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
-    acc_ref, dz_ref, rhs_ref, *, block_m, block_n
-):
+def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
@@ -1723,22 +1398,18 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(acc_ref, dz_ref, rhs_ref)
 
 
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 1 of `matmul_relu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -1770,38 +1441,23 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
+    """Stage 2 of `matmul_relu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _matmul_relu_backward_y_stage_2_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_relu_backward_y_stage_2",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (8, 16, 32),
-        smem_bytes,
+        "matmul_relu_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -1816,10 +1472,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -1828,8 +1481,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
 
 
 def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`matmul_relu_backward_y`: its stages in turn, the arrays between them in global memory."""
     rhs = _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_relu_backward_y_stage_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
@@ -1837,12 +1489,8 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-        "x": (jnp.float32, ("M", "K")),
-    },
-    outputs={"dy": (jnp.float32, ("K", "N"))},
+    inputs=("acc: f32[M, N]", "dz: f32[M, N]", "x: f32[M, K]"),
+    outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
     triton=_matmul_relu_backward_y_gpu,
@@ -1856,12 +1504,8 @@ def matmul_relu_backward_y(acc, dz, x):
       acc: f32[M, N].
       dz: f32[M, N].
       x: f32[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_relu_backward_y_tpu_blocks chooses; the spec's:
+        512, 512, 256).
 
     Returns:
       dy: f32[K, N].
@@ -1874,21 +1518,13 @@ def matmul_relu_backward_y(acc, dz, x):
     x = jnp.transpose(x, (1, 0))[:, None, :]
     dacc = jnp.where(acc > 0, dz, 0)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
     )
     dy = dy.reshape((k, n))
     return dy
 
 
-def _matmul_bias_gelu_with_residuals_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k
-):
+def _matmul_bias_gelu_with_residuals_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1900,15 +1536,9 @@ def _matmul_bias_gelu_with_residuals_kernel(
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
-            jnp.bfloat16
-        )
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -1919,8 +1549,6 @@ def _matmul_bias_gelu_with_residuals_kernel(
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_with_residuals",
     sizes=("M", "N", "K"),
@@ -1933,20 +1561,16 @@ _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_with_residuals_tpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret
-):
-    """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
-    # 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need
-    # more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
@@ -1957,12 +1581,8 @@ def _matmul_bias_gelu_with_residuals_tpu(
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -1970,20 +1590,15 @@ def _matmul_bias_gelu_with_residuals_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_with_residuals_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k
-):
+def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1995,38 +1610,26 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
         y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(
-        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
-    )
+    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     bias = rt.load(bias_ref, (None, in_n))
     acc = product
     rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_with_residuals_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k
-        ),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        functools.partial(_matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -2037,10 +1640,7 @@ def _matmul_bias_gelu_with_residuals_gpu(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
@@ -2048,25 +1648,11 @@ def _matmul_bias_gelu_with_residuals_gpu(
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    acc_ref,
-    out_smem,
-    acc_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
-    # the accumulator in registers, for this block's K steps and epilogue
-    def accumulate(product_ref):
+    def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
             plgpu.wgmma(product_ref, x_smem, y_smem)
             plgpu.wgmma_wait(0)
@@ -2089,41 +1675,24 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
-        (
-            acc_smem,
-            acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        ),
+        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
+        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, stages),
+        _matmul_bias_gelu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_with_residuals",
-        "M N K",
-        (block_m, block_n, block_k, stages),
-        (64,),
-        smem_bytes,
+        "matmul_bias_gelu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
     )
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -2154,12 +1723,8 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "y": (jnp.bfloat16, ("K", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={"z": (jnp.bfloat16, ("M", "N")), "acc": (jnp.float32, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
+    outputs=("z: bf16[M, N]", "acc: f32[M, N]"),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_with_residuals_tpu,
     triton=_matmul_bias_gelu_with_residuals_gpu,
@@ -2173,13 +1738,9 @@ def matmul_bias_gelu_with_residuals(x, y, bias):
       x: bf16[M, K].
       y: bf16[K, N].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_with_residuals_tpu_blocks chooses; the
+        spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N]; acc: f32[M, N].
@@ -2203,15 +1764,9 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, blo
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
-            jnp.bfloat16
-        )
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -2220,8 +1775,6 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, blo
         z_ref[...] = jax.nn.gelu(acc_k + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu",
     sizes=("M", "N", "K"),
@@ -2239,17 +1792,13 @@ _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
@@ -2258,8 +1807,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -2267,9 +1815,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu",
@@ -2278,7 +1824,6 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
 
 def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -2295,27 +1840,17 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, bloc
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _matmul_bias_gelu_gpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
-    """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _matmul_bias_gelu_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -2331,18 +1866,7 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -2366,43 +1890,27 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_mosaic_gpu(
     x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
-    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices(
-        "matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -2418,28 +1926,21 @@ def _matmul_bias_gelu_mosaic_gpu(
 
 
 def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels matmul_bias_gelu_backward_x,
-    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
-    residuals acc (forward values that cost more to recompute than to save): the backward
+    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels matmul_bias_gelu_backward_x, matmul_bias_gelu_backward_y. The forward pass saves its inputs
+    (x, y, bias) and the residuals acc (forward values that cost more to recompute than to save): the backward
     kernels recompute the values they need from them.
     """
     x, y, bias, acc = saved
     dz = cotangents
     dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy, dbias = matmul_bias_gelu_backward_y(
-        acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dy, dbias = matmul_bias_gelu_backward_y(acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy, dbias
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "y": (jnp.bfloat16, ("K", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={"z": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
+    outputs=("z: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
     triton=_matmul_bias_gelu_gpu,
@@ -2455,13 +1956,9 @@ def matmul_bias_gelu(x, y, bias):
       x: bf16[M, K].
       y: bf16[K, N].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_tpu_blocks chooses; the spec's: 512,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N].
@@ -2475,9 +1972,7 @@ def matmul_bias_gelu(x, y, bias):
     return z
 
 
-def _matmul_bias_gelu_backward_x_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n
-):
+def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
@@ -2492,8 +1987,7 @@ def _matmul_bias_gelu_backward_x_kernel(
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     acc_n_lhs = dacc
@@ -2511,8 +2005,6 @@ def _matmul_bias_gelu_backward_x_kernel(
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_x",
     sizes=("M", "K", "N"),
@@ -2530,20 +2022,16 @@ _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_backward_x_tpu(
-    acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret
-):
-    """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
-    # y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
+    # MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
@@ -2553,8 +2041,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -2562,20 +2049,15 @@ def _matmul_bias_gelu_backward_x_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k,
+            flops=2 * m * k * n, transcendentals=m * n, bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
     )(acc, bias, dz, y)
 
 
-def _matmul_bias_gelu_backward_x_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n
-):
+def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
@@ -2590,8 +2072,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_n_lhs = dacc
@@ -2604,33 +2085,24 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over
-        # the blocks of N itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
@@ -2646,9 +2118,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     )(acc, bias, dz, y)
 
 
-def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
-):
+def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
@@ -2658,8 +2128,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         lhs_smem[...] = dacc
@@ -2672,24 +2141,18 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
 
 
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `matmul_bias_gelu_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -2721,39 +2184,23 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `matmul_bias_gelu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, stages),
+        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "matmul_bias_gelu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -2766,10 +2213,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -2778,24 +2222,16 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
-    lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
+    """`matmul_bias_gelu_backward_x`: its stages in turn, the arrays between them in global memory."""
+    lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
     dx = _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((m, k))
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "dz": (jnp.bfloat16, ("M", "N")),
-        "y": (jnp.bfloat16, ("K", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "y: bf16[K, N]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_bias_gelu_backward_x_tpu,
     triton=_matmul_bias_gelu_backward_x_gpu,
@@ -2810,12 +2246,8 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
       bias: f32[N].
       dz: bf16[M, N].
       y: bf16[K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _matmul_bias_gelu_backward_x_tpu_blocks chooses; the
+        spec's: 512, 1024, 1024).
 
     Returns:
       dx: bf16[M, K].
@@ -2830,18 +2262,11 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "mn,kn->mk",
-            jnp.squeeze(dacc, (1,)),
-            jnp.squeeze(y, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
     ).astype(jnp.bfloat16)
     dx = dx.reshape((m, k))
     return dx
@@ -2865,8 +2290,7 @@ def _matmul_bias_gelu_backward_y_kernel(
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     acc_m_lhs = x
@@ -2890,8 +2314,6 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_y",
     sizes=("K", "N", "M"),
@@ -2909,20 +2331,16 @@ _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _matmul_bias_gelu_backward_y_tpu(
-    acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret
-):
-    """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
-    # x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that
-    # need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
+    # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of K, block of M. Steps along N are independent (parallel);
-        # steps along K, M accumulate in order (arbitrary).
+        # One step per block of N, block of K, block of M. Steps along N are independent (parallel); steps along K, M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # acc: f32[M, N]
@@ -2945,27 +2363,19 @@ def _matmul_bias_gelu_backward_y_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
-                12 * block_m * block_n
-                + 20 * block_n
-                + 4 * block_m * block_k
-                + 8 * block_k * block_n
+                12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m,
-            transcendentals=n * m,
-            bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n,
+            flops=2 * k * n * m, transcendentals=n * m, bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
     )(acc, bias, dz, x)
 
 
-def _matmul_bias_gelu_backward_y_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m
-):
+def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     bias = rt.load(bias_ref, (None, in_n), other=0)
@@ -2980,8 +2390,7 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_m_lhs = x
@@ -3008,27 +2417,20 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_y_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _matmul_bias_gelu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over
-        # the blocks of M itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
@@ -3065,14 +2467,11 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         z_1 = acc + rt.mgpu_spread(bias, (block_m, block_n), 1)
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -3093,19 +2492,14 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
 
 
 def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `matmul_bias_gelu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            m=m,
+            _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[
@@ -3120,9 +2514,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     return dbias[:n].reshape((1, n))
 
 
-def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
-):
+def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
@@ -3132,8 +2524,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
         rhs_smem[...] = dacc
@@ -3146,24 +2537,18 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
         ],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
 
 
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `matmul_bias_gelu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -3195,39 +2580,23 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 3 of `matmul_bias_gelu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
-        (k, n, m),
-        (block_k, block_n, block_m, stages),
+        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "matmul_bias_gelu_backward_y_stage_3",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (64,),
-        smem_bytes,
+        "matmul_bias_gelu_backward_y_stage_3", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -3241,10 +2610,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -3253,27 +2619,17 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
 
 
 def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
-    dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
-    rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(
-        acc, bias, dz, m=m, n=n, interpret=interpret
-    )
+    """`matmul_bias_gelu_backward_y`: its stages in turn, the arrays between them in global memory."""
+    dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
     dy = _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
 @rt.kernel(
-    inputs={
-        "acc": (jnp.float32, ("M", "N")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-        "dz": (jnp.bfloat16, ("M", "N")),
-        "x": (jnp.bfloat16, ("M", "K")),
-    },
-    outputs={"dy": (jnp.bfloat16, ("K", "N")), "dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "x: bf16[M, K]"),
+    outputs=("dy: bf16[K, N]", "dbias: f32[N] as [1, N]"),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_bias_gelu_backward_y_tpu,
     triton=_matmul_bias_gelu_backward_y_gpu,
@@ -3288,12 +2644,8 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
       bias: f32[N].
       dz: bf16[M, N].
       x: bf16[M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _matmul_bias_gelu_backward_y_tpu_blocks chooses; the
+        spec's: 1024, 1024, 512).
 
     Returns:
       dy: bf16[K, N]; dbias: f32[N].
@@ -3308,18 +2660,11 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "km,nm->kn",
-            jnp.squeeze(x, (1,)),
-            jnp.squeeze(dacc, (0,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (2,),
+        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
     ).astype(jnp.bfloat16)
     dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
     dy = dy.reshape((k, n))
@@ -3339,15 +2684,9 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), step * block_k, k, 1, 0).astype(
-            jnp.int8
-        )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), step * block_k, k, 0, 0).astype(
-            jnp.int8
-        )
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32
-    )
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), step * block_k, k, 1, 0).astype(jnp.int8)
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), step * block_k, k, 0, 0).astype(jnp.int8)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -3355,8 +2694,6 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_int8_tpu_blocks = rt.TpuBlocks(
     "matmul_int8",
     sizes=("M", "N", "K"),
@@ -3366,17 +2703,13 @@ _matmul_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32
-    # accumulator 2.0 MiB + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
+    # + i32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: i8[M, K]
@@ -3387,9 +2720,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -3401,7 +2732,6 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -3411,34 +2741,24 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
-        )
+        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_int8_gpu_options,
-        (m, n, k),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        (16, 16, 32),
+        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), (16, 16, 32)
     )
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
@@ -3452,9 +2772,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_int8_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3475,43 +2793,25 @@ def _matmul_int8_mosaic_gpu_kernel(
         out_smem[...] = acc
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
-def _matmul_int8_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_int8_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.int32), plgpu.Barrier(num_barriers=1)],
@@ -3523,15 +2823,15 @@ def _matmul_int8_mosaic_gpu(
 
 
 def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "K")), "y": (jnp.int8, ("K", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i8[M, K]", "y: i8[K, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_int8_tpu,
     triton=_matmul_int8_gpu,
@@ -3544,19 +2844,15 @@ def matmul_int8(x, y):
     Args:
       x: i8[M, K].
       y: i8[K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _matmul_int8_tpu_blocks chooses; the spec's: 512, 1024,
+        1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
     z = acc
@@ -3575,15 +2871,9 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = y
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(
-            jnp.bfloat16
-        )
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
-        acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
-    )
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
+    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3591,8 +2881,6 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _batched_matmul_tpu_blocks = rt.TpuBlocks(
     "batched_matmul",
     sizes=("B", "M", "N", "K"),
@@ -3606,39 +2894,27 @@ _batched_matmul_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
-    """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
+    # f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
-        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are
-        # independent (parallel); steps along K accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are independent (parallel);
+        # steps along K accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, k)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, k)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, k, j)),  # y: bf16[B, K, N]
         ],
-        # z: f32[B, M, N]
-        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),  # z: f32[B, M, N]
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * n * k,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n,
+            flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n
         ),
         interpret=interpret,
         name="batched_matmul",
@@ -3647,7 +2923,6 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
 
 def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -3663,34 +2938,24 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K, B).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _batched_matmul_gpu(
-    x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
-    """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_gpu_options,
-        (m, n, k, b),
-        (block_m, block_n, block_k, num_warps, num_stages),
-        16,
+        _batched_matmul_gpu_options, (m, n, k, b), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per element of B, block of M, block of N; each loops over K itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of M, block of N; each loops over K itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
             pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),  # y: bf16[B, K, N]
         ],
-        # z: f32[B, M, N]
-        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),  # z: f32[B, M, N]
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3698,12 +2963,8 @@ def _batched_matmul_gpu(
     )(x, y)
 
 
-def _batched_matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
@@ -3724,49 +2985,28 @@ def _batched_matmul_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            z_ref.at[
-                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
-            ],
-        )
+        (out_smem, z_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (B, M, N, K).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _batched_matmul_mosaic_gpu(
-    x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
     block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices(
-        "batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
-            _batched_matmul_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_n // block_n),
         grid_names=("B", "M", "N"),
         interpret=interpret,
@@ -3775,10 +3015,9 @@ def _batched_matmul_mosaic_gpu(
 
 
 def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The
-    forward pass saves its inputs (x, y) and nothing else: the backward kernels recompute
-    the values they need from them.
+    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs (x,
+    y) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -3788,8 +3027,8 @@ def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("B", "M", "K")), "y": (jnp.bfloat16, ("B", "K", "N"))},
-    outputs={"z": (jnp.float32, ("B", "M", "N"))},
+    inputs=("x: bf16[B, M, K]", "y: bf16[B, K, N]"),
+    outputs=("z: f32[B, M, N]",),
     sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
     tpu=_batched_matmul_tpu,
     triton=_batched_matmul_gpu,
@@ -3802,19 +3041,15 @@ def batched_matmul(x, y):
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
-        else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _batched_matmul_tpu_blocks chooses; the spec's: 512, 1024,
+        1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[B, M, N].
 
-    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
-    batched_matmul_backward_y (_batched_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
+    (_batched_matmul_vjp).
     """
     acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
     z = acc
@@ -3847,8 +3082,6 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_x",
     sizes=("B", "M", "K", "N"),
@@ -3863,38 +3096,28 @@ _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) +
-    # acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
-        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are
-        # independent (parallel); steps along N accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are independent (parallel);
+        # steps along N accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),
-            # y: bf16[B, K, N]
-            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),  # y: bf16[B, K, N]
         ],
-        # dx: bf16[B, M, K]
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * k * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k,
+            flops=2 * b * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
@@ -3903,7 +3126,6 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
 
 def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
 
@@ -3924,40 +3146,28 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
         )
         return (acc_n,)
 
-    (acc_n,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
-    )
+    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N, B).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _batched_matmul_backward_x_gpu(
-    dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_x_gpu_options,
-        (m, k, n, b),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _batched_matmul_backward_x_gpu_options, (m, k, n, b), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per element of B, block of M, block of K; programs run concurrently.
-        # Each loops over the blocks of N itself, carrying running values.
+        # One program per element of B, block of M, block of K; programs run concurrently. Each loops over the
+        # blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),  # dz: f32[B, M, N]
             pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),  # y: bf16[B, K, N]
         ],
-        # dx: bf16[B, M, K]
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3966,9 +3176,7 @@ def _batched_matmul_backward_x_gpu(
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, lhs_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -3979,23 +3187,17 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `batched_matmul_backward_x`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "M", "N"),
@@ -4007,9 +3209,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_k = jax.lax.axis_index("K")
+    program_b, program_m, program_k = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, lhs_smem, y_smem):
@@ -4030,40 +3230,24 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[
-                program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
-            ],
-        )
+        (out_smem, dx_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (B, M, K, N).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `batched_matmul_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
-        (b, m, k, n),
-        (block_m, block_k, block_n, stages),
+        _batched_matmul_backward_x_stage_2_mosaic_gpu_options, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
-        "batched_matmul_backward_x_stage_2",
-        "M K N",
-        (block_m, block_k, block_n, stages),
-        (16, 32, 64),
-        smem_bytes,
+        "batched_matmul_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
@@ -4076,10 +3260,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_k // block_k),
         grid_names=("B", "M", "K"),
         interpret=interpret,
@@ -4088,19 +3269,16 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_x`: its stages in turn, the arrays between them in global memory."""
     lhs = _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((b, m, n))
-    dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(
-        y, lhs, b=b, m=m, k=k, n=n, interpret=interpret
-    )
+    dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((b, m, k))
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("B", "M", "N")), "y": (jnp.bfloat16, ("B", "K", "N"))},
-    outputs={"dx": (jnp.bfloat16, ("B", "M", "K"))},
+    inputs=("dz: f32[B, M, N]", "y: bf16[B, K, N]"),
+    outputs=("dx: bf16[B, M, K]",),
     sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
     tpu=_batched_matmul_backward_x_tpu,
     triton=_batched_matmul_backward_x_gpu,
@@ -4113,12 +3291,8 @@ def batched_matmul_backward_x(dz, y):
     Args:
       dz: f32[B, M, N].
       y: bf16[B, K, N].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
-        (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_k, block_n: TPU blocks (None: as _batched_matmul_backward_x_tpu_blocks chooses; the spec's:
+        512, 1024, 1024).
 
     Returns:
       dx: bf16[B, M, K].
@@ -4131,12 +3305,7 @@ def batched_matmul_backward_x(dz, y):
     y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
     dx = jnp.expand_dims(
-        jnp.einsum(
-            "bmn,bkn->bmk",
-            jnp.squeeze(dacc, (2,)),
-            jnp.squeeze(y, (1,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bmn,bkn->bmk", jnp.squeeze(dacc, (2,)), jnp.squeeze(y, (1,)), preferred_element_type=jnp.float32),
         (3,),
     ).astype(jnp.bfloat16)
     dx = dx.reshape((b, m, k))
@@ -4169,8 +3338,6 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_y",
     sizes=("B", "K", "N", "M"),
@@ -4185,38 +3352,28 @@ _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) +
-    # acc_m_ref 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + acc_m_ref 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
-        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are
-        # independent (parallel); steps along M accumulate in order (arbitrary).
+        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are independent (parallel);
+        # steps along M accumulate in order (arbitrary).
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),
-            # x: bf16[B, M, K]
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),  # x: bf16[B, M, K]
         ],
-        # dy: bf16[B, K, N]
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * k * n * m,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n,
+            flops=2 * b * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
@@ -4225,7 +3382,6 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
 
 def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
 
@@ -4246,40 +3402,28 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
         )
         return (acc_m,)
 
-    (acc_m,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
-    )
+    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (K,
-# N, M, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M, B).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
-def _batched_matmul_backward_y_gpu(
-    dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
-):
-    """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_y_gpu_options,
-        (k, n, m, b),
-        (block_k, block_n, block_m, num_warps, num_stages),
-        16,
+        _batched_matmul_backward_y_gpu_options, (k, n, m, b), (block_k, block_n, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per element of B, block of K, block of N; programs run concurrently.
-        # Each loops over the blocks of M itself, carrying running values.
+        # One program per element of B, block of K, block of N; programs run concurrently. Each loops over the
+        # blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),  # dz: f32[B, M, N]
             pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),  # x: bf16[B, M, K]
         ],
-        # dy: bf16[B, K, N]
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4288,9 +3432,7 @@ def _batched_matmul_backward_y_gpu(
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def step(_, dz_smem, rhs_smem):
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -4301,23 +3443,17 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
 
 
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
-    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 1 of `batched_matmul_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "M", "N"),
@@ -4329,9 +3465,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
+    program_b, program_k, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, rhs_smem):
@@ -4352,40 +3486,24 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dy_ref.at[
-                program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
-            ],
-        )
+        (out_smem, dy_ref.at[program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (B, K, N, M).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
-    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's
-    Mosaic GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced
-    back."""
+    """Stage 2 of `batched_matmul_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
-        (b, k, n, m),
-        (block_k, block_n, block_m, stages),
+        _batched_matmul_backward_y_stage_2_mosaic_gpu_options, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
-        "batched_matmul_backward_y_stage_2",
-        "K N M",
-        (block_k, block_n, block_m, stages),
-        (64,),
-        smem_bytes,
+        "batched_matmul_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -4399,10 +3517,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_k, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_k // block_k, padded_n // block_n),
         grid_names=("B", "K", "N"),
         interpret=interpret,
@@ -4411,19 +3526,16 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
 
 
 def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: its stages in turn, the arrays between them in global memory."""
+    """`batched_matmul_backward_y`: its stages in turn, the arrays between them in global memory."""
     rhs = _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((b, m, n))
-    dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(
-        x, rhs, b=b, k=k, n=n, m=m, interpret=interpret
-    )
+    dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((b, k, n))
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("B", "M", "N")), "x": (jnp.bfloat16, ("B", "M", "K"))},
-    outputs={"dy": (jnp.bfloat16, ("B", "K", "N"))},
+    inputs=("dz: f32[B, M, N]", "x: bf16[B, M, K]"),
+    outputs=("dy: bf16[B, K, N]",),
     sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
     tpu=_batched_matmul_backward_y_tpu,
     triton=_batched_matmul_backward_y_gpu,
@@ -4436,12 +3548,8 @@ def batched_matmul_backward_y(dz, x):
     Args:
       dz: f32[B, M, N].
       x: bf16[B, M, K].
-      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
-        (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_k, block_n, block_m: TPU blocks (None: as _batched_matmul_backward_y_tpu_blocks chooses; the spec's:
+        1024, 1024, 512).
 
     Returns:
       dy: bf16[B, K, N].
@@ -4454,12 +3562,7 @@ def batched_matmul_backward_y(dz, x):
     x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
     dacc = dz.astype(jnp.bfloat16)
     dy = jnp.expand_dims(
-        jnp.einsum(
-            "bkm,bnm->bkn",
-            jnp.squeeze(x, (2,)),
-            jnp.squeeze(dacc, (1,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bkm,bnm->bkn", jnp.squeeze(x, (2,)), jnp.squeeze(dacc, (1,)), preferred_element_type=jnp.float32),
         (3,),
     ).astype(jnp.bfloat16)
     dy = dy.reshape((b, k, n))
@@ -4476,43 +3579,31 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     ) * scale
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_tpu_blocks = rt.TpuBlocks(
     "scores",
     sizes=("B", "S", "T", "D"),
     tiling={"S": (16, "bf16 rows"), "T": (128, "lanes")},
-    chips={
-        None: {"default": (128, 128)},
-        "v5e": {"default": (512, 512)},
-        "v6e": {"default": (1024, 1024)},
-    },
+    chips={None: {"default": (128, 128)}, "v5e": {"default": (512, 512)}, "v6e": {"default": (1024, 1024)}},
 )
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
-    """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0
-    # KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
-        # One step per element of B, block of S, block of T (D taken whole); steps are independent,
-        # so every axis is parallel.
+        # One step per element of B, block of S, block of T (D taken whole); steps are independent, so every axis is
+        # parallel.
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
-            # k: bf16[B, T, D], read transposed
-            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
+            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),  # k: bf16[B, T, D], read transposed
         ],
-        # s: f32[B, S, T]
-        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),  # s: f32[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d + b * size_s * t,
@@ -4526,7 +3617,6 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
 
 def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     block_s, block_t = s_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     inside = rt.mask((block_s, block_t), in_s, in_t)
@@ -4536,45 +3626,30 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
         in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
         q = rt.load(q_ref.at[:, pl.ds(start, block_d)], (in_s, in_d), other=0)
         k = rt.load(k_ref.at[:, pl.ds(start, block_d)], (in_t, in_d), other=0)
-        return acc + jax.lax.dot_general(
-            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
     rt.store(s_ref, acc * scale, inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
-# T, D, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, D, B).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _scores_gpu(
-    q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
-):
-    """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
     block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
-        _scores_gpu_options,
-        (size_s, t, d, b),
-        (block_s, block_t, block_d, num_warps, num_stages),
-        16,
+        _scores_gpu_options, (size_s, t, d, b), (block_s, block_t, block_d, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(
-            _scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale
-        ),
-        # One program per element of B, block of S, block of T; each loops over D itself
-        # (Triton has no scratch memory).
+        functools.partial(_scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale),
+        # One program per element of B, block of S, block of T; each loops over D itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
-            # k: bf16[B, T, D], read transposed
-            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
+            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),  # k: bf16[B, T, D], read transposed
         ],
-        # s: f32[B, S, T]
-        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),  # s: f32[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4582,12 +3657,8 @@ def _scores_gpu(
     )(q, k)
 
 
-def _scores_mosaic_gpu_kernel(
-    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale
-):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_t = jax.lax.axis_index("T")
+def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale):
+    program_b, program_s, program_t = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("T")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, q_smem, k_smem):
@@ -4608,63 +3679,30 @@ def _scores_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            s_ref.at[
-                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
-            ],
-        )
+        (out_smem, s_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_s, block_t, block_d, stages by GPU kind (None: built in) and sizes (B, S, T, D).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_mosaic_gpu(
-    q,
-    k,
-    *,
-    b,
-    size_s,
-    t,
-    d,
-    scale,
-    block_s=None,
-    block_t=None,
-    block_d=None,
-    stages=None,
-    interpret,
+    q, k, *, b, size_s, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
 ):
-    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
     smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
-    rt.mgpu_check_choices(
-        "scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes
-    )
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    padded_d = d + -d % block_d
+    rt.mgpu_check_choices("scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes)
+    padded_size_s, padded_t, padded_d = size_s + -size_s % block_s, t + -t % block_t, d + -d % block_d
     q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
-            _scores_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_t=block_t,
-            block_d=block_d,
-            stages=stages,
-            scale=scale,
+            _scores_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, block_d=block_d, stages=stages, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_t), jnp.float32),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_s, block_t), jnp.float32), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_size_s // block_s, padded_t // block_t),
         grid_names=("B", "S", "T"),
         interpret=interpret,
@@ -4673,10 +3711,9 @@ def _scores_mosaic_gpu(
 
 
 def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels scores_backward_epilogue, scores_backward_q,
-    scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
-    backward kernels recompute the values they need from them.
+    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels scores_backward_epilogue, scores_backward_q, scores_backward_k. The forward pass saves its inputs
+    (q, k) and nothing else: the backward kernels recompute the values they need from them.
     """
     q, k = saved
     ds = cotangents
@@ -4687,8 +3724,8 @@ def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"q": (jnp.bfloat16, ("B", "S", "D")), "k": (jnp.bfloat16, ("B", "T", "D"))},
-    outputs={"s": (jnp.float32, ("B", "S", "T"))},
+    inputs=("q: bf16[B, S, D]", "k: bf16[B, T, D]"),
+    outputs=("s: f32[B, S, T]",),
     sizes={"B": "b", "S": "size_s", "T": "t", "D": "d"},
     params={"scale": jnp.float32},
     tpu=_scores_tpu,
@@ -4702,20 +3739,15 @@ def scores(q, k, *, scale=0.125):
     Args:
       q: bf16[B, S, D].
       k: bf16[B, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
-        else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_t: TPU blocks (None: as _scores_tpu_blocks chooses; the spec's: 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[B, S, T].
 
-    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
-    scores_backward_q, scores_backward_k (_scores_vjp).
+    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
+    scores_backward_k (_scores_vjp).
     """
     acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
     s = acc * scale
@@ -4727,36 +3759,26 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
     "scores_backward_epilogue",
     sizes=("B", "S", "T"),
     tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
     chips={None: {"default": (1, 128, 128)}},
-    step=lambda b, s, t, block_b, block_s, block_t: (
-        block_b * block_s * block_t,
-        12 * block_b * block_s * block_t,
-    ),
+    step=lambda b, s, t, block_b, block_s, block_t: (block_b * block_s * block_t, 12 * block_b * block_s * block_t),
 )
 
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
-    """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
-    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that
-    # need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
-        # One step per block of B, block of S, block of T; steps are independent, so every axis is
-        # parallel.
+        # One step per block of B, block of S, block of T; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        # ds: f32[B, S, T]
-        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
-        # dacc: bf16[B, S, T]
-        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],  # ds: f32[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),  # dacc: bf16[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
@@ -4772,7 +3794,6 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
 
 def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     block_b, block_s, block_t = dacc_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
@@ -4781,30 +3802,20 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (B,
-# S, T) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_b, block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, S, T).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
-def _scores_backward_epilogue_gpu(
-    ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
     block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_epilogue_gpu_options,
-        (b, s, t),
-        (block_b, block_s, block_t, num_warps, num_stages),
+        _scores_backward_epilogue_gpu_options, (b, s, t), (block_b, block_s, block_t, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_gpu_kernel, b=b, s=s, t=t, scale=scale),
         # One program per block of B, block of S, block of T; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        # ds: f32[B, S, T]
-        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],
-        # dacc: bf16[B, S, T]
-        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],  # ds: f32[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),  # dacc: bf16[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -4813,9 +3824,7 @@ def _scores_backward_epilogue_gpu(
 
 
 def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, block_t, scale):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_t = jax.lax.axis_index("T")
+    program_b, program_s, program_t = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("T")
 
     def step(_, ds_smem, dacc_smem):
         ds = rt.mgpu_load(ds_smem, (block_s, block_t), (0, 1))
@@ -4825,25 +3834,16 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.float32)],
-        out_specs=[
-            rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)
-        ],
+        out_specs=[rt.mgpu_spec((block_s, block_t), lambda _: (program_s, program_t), jnp.bfloat16)],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
 
 
 def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
-    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_t = 64, 128
     padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
-        functools.partial(
-            _scores_backward_epilogue_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
+        functools.partial(_scores_backward_epilogue_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, scale=scale),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_t), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_s, block_s), pl.cdiv(padded_t, block_t)),
         grid_names=("B", "S", "T"),
@@ -4853,8 +3853,8 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
 
 
 @rt.kernel(
-    inputs={"ds": (jnp.float32, ("B", "S", "T"))},
-    outputs={"dacc": (jnp.bfloat16, ("B", "S", "T"))},
+    inputs=("ds: f32[B, S, T]",),
+    outputs=("dacc: bf16[B, S, T]",),
     sizes={"B": "b", "S": "s", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_scores_backward_epilogue_tpu,
@@ -4867,13 +3867,9 @@ def scores_backward_epilogue(ds, *, scale=0.125):
 
     Args:
       ds: f32[B, S, T].
-      block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
-        grown to large steps (rt.grown), else 1, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_b, block_s, block_t: TPU blocks (None: as _scores_backward_epilogue_tpu_blocks chooses; the spec's:
+        1, 128, 128).
       scale: a static f32 (default 0.125).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[B, S, T].
@@ -4894,15 +3890,9 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
     acc_t_lhs = dacc
     acc_t_rhs = k
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), step * block_t, t, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), step * block_t, t, 0, 0).astype(
-            jnp.bfloat16
-        )
-    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
-        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-    )
+        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), step * block_t, t, 1, 0).astype(jnp.bfloat16)
+        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), step * block_t, t, 0, 0).astype(jnp.bfloat16)
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -4910,8 +3900,6 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_q_tpu_blocks = rt.TpuBlocks(
     "scores_backward_q",
     sizes=("B", "S", "D", "T"),
@@ -4925,39 +3913,27 @@ _scores_backward_q_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
-    """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_d, block_t = rt.tpu_blocks(
-        _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB)
-    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_s, block_d, block_t = rt.tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t))
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
+    # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
-        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are
-        # independent (parallel); steps along T accumulate in order (arbitrary).
+        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are independent (parallel);
+        # steps along T accumulate in order (arbitrary).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d), pl.cdiv(t, block_t)),
         in_specs=[
-            # dacc: bf16[B, S, T]
-            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),
-            # k: bf16[B, T, D]
-            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),  # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),  # k: bf16[B, T, D]
         ],
-        # dq: bf16[B, S, D]
-        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),  # dq: bf16[B, S, D]
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s * d * t,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d,
+            flops=2 * b * s * d * t, transcendentals=0, bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d
         ),
         interpret=interpret,
         name="scores_backward_q",
@@ -4966,7 +3942,6 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
 
 def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     block_s, block_d = dq_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
     inside = rt.mask((block_s, block_d), in_s, in_d)
@@ -4978,40 +3953,28 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
         k = rt.load(k_ref.at[pl.ds(start, block_t), :], (in_t, in_d), other=0)
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32))
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (S,
-# D, T, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_s, block_d, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, D, T, B).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _scores_backward_q_gpu(
-    dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
-):
-    """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
     block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_q_gpu_options,
-        (s, d, t, b),
-        (block_s, block_d, block_t, num_warps, num_stages),
-        16,
+        _scores_backward_q_gpu_options, (s, d, t, b), (block_s, block_d, block_t, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
-        # One program per element of B, block of S, block of D; each loops over T itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of S, block of D; each loops over T itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
             pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),  # k: bf16[B, T, D]
         ],
-        # dq: bf16[B, S, D]
-        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),  # dq: bf16[B, S, D]
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5022,9 +3985,7 @@ def _scores_backward_q_gpu(
 def _scores_backward_q_mosaic_gpu_kernel(
     dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_s = jax.lax.axis_index("S")
-    program_d = jax.lax.axis_index("D")
+    program_b, program_s, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, k_smem):
@@ -5045,49 +4006,30 @@ def _scores_backward_q_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dq_ref.at[
-                program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
-            ],
-        )
+        (out_smem, dq_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_s, block_d, block_t, stages by GPU kind (None: built in) and sizes (B, S, D, T).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_q_mosaic_gpu(
     dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
 ):
-    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
     smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
-    rt.mgpu_check_choices(
-        "scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes)
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
     dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_q_mosaic_gpu_kernel,
-            block_s=block_s,
-            block_d=block_d,
-            block_t=block_t,
-            stages=stages,
+            _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_s, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_s // block_s, padded_d // block_d),
         grid_names=("B", "S", "D"),
         interpret=interpret,
@@ -5096,8 +4038,8 @@ def _scores_backward_q_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "k": (jnp.bfloat16, ("B", "T", "D"))},
-    outputs={"dq": (jnp.bfloat16, ("B", "S", "D"))},
+    inputs=("dacc: bf16[B, S, T]", "k: bf16[B, T, D]"),
+    outputs=("dq: bf16[B, S, D]",),
     sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
     tpu=_scores_backward_q_tpu,
     triton=_scores_backward_q_gpu,
@@ -5110,13 +4052,9 @@ def scores_backward_q(dacc, k):
     Args:
       dacc: bf16[B, S, T].
       k: bf16[B, T, D].
-      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
-        else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_s, block_d, block_t: TPU blocks (None: as _scores_backward_q_tpu_blocks chooses; the spec's: 128,
+        128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, S, D].
@@ -5138,12 +4076,8 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
     acc_s_lhs = dacc
     acc_s_rhs = q
     if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
-            jnp.bfloat16
-        )
-        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(
-            jnp.bfloat16
-        )
+        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16)
+        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16)
     acc_s_ref[...] = acc_s_ref[...] + jax.lax.dot_general(
         acc_s_lhs, acc_s_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -5154,8 +4088,6 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
         dk_ref[...] = acc_s.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_k_tpu_blocks = rt.TpuBlocks(
     "scores_backward_k",
     sizes=("B", "T", "D", "S"),
@@ -5169,39 +4101,28 @@ _scores_backward_k_tpu_blocks = rt.TpuBlocks(
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
-    """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_d, block_s = rt.tpu_blocks(
-        _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
-    )
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB)
-    # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default raise the limit.
+    block_t, block_d, block_s = rt.tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s))
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
+    # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
-        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are
-        # independent (parallel); steps along S accumulate in order (arbitrary).
+        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are independent (parallel);
+        # steps along S accumulate in order (arbitrary).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d), pl.cdiv(s, block_s)),
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, k, i)),
-            # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),
+            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),  # q: bf16[B, S, D]
         ],
-        # dk: bf16[B, T, D]
-        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),  # dk: bf16[B, T, D]
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
-        # acc_s_ref: the product over S
-        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],  # acc_s_ref: the product over S
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * t * d * s,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d,
+            flops=2 * b * t * d * s, transcendentals=0, bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d
         ),
         interpret=interpret,
         name="scores_backward_k",
@@ -5210,7 +4131,6 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
 
 def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     block_t, block_d = dk_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
     inside = rt.mask((block_t, block_d), in_t, in_d)
@@ -5220,45 +4140,30 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
         in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
         dacc = rt.load(dacc_ref.at[pl.ds(start, block_s), :], (in_s, in_t), other=0)
         q = rt.load(q_ref.at[pl.ds(start, block_s), :], (in_s, in_d), other=0)
-        return acc + jax.lax.dot_general(
-            dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32))
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (T,
-# D, S, B) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU
-# (the spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_t, block_d, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, D, S, B).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _scores_backward_k_gpu(
-    dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
-):
-    """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
     block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
-        _scores_backward_k_gpu_options,
-        (t, d, s, b),
-        (block_t, block_d, block_s, num_warps, num_stages),
-        16,
+        _scores_backward_k_gpu_options, (t, d, s, b), (block_t, block_d, block_s, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
-        # One program per element of B, block of T, block of D; each loops over S itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of T, block of D; each loops over S itself (Triton has no scratch
+        # memory).
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
-            # dacc: bf16[B, S, T], read transposed
-            pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),
+            pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),  # dacc: bf16[B, S, T], read transposed
             pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),  # q: bf16[B, S, D]
         ],
-        # dk: bf16[B, T, D]
-        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),  # dk: bf16[B, T, D]
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5269,9 +4174,7 @@ def _scores_backward_k_gpu(
 def _scores_backward_k_mosaic_gpu_kernel(
     dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
 ):
-    program_b = jax.lax.axis_index("B")
-    program_t = jax.lax.axis_index("T")
-    program_d = jax.lax.axis_index("D")
+    program_b, program_t, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("T"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, dacc_smem, q_smem):
@@ -5292,50 +4195,31 @@ def _scores_backward_k_mosaic_gpu_kernel(
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
     rt.mgpu_copy_out(
-        (
-            out_smem,
-            dk_ref.at[
-                program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
-            ],
-        )
+        (out_smem, dk_ref.at[program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)])
     )
 
 
-# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_t, block_d, block_s, stages by GPU kind (None: built in) and sizes (B, T, D, S).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_backward_k_mosaic_gpu(
     dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
 ):
-    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
     smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
-    rt.mgpu_check_choices(
-        "scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes)
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
     dacc, q = rt.mgpu_pad(dacc, (b, padded_t, padded_s)), rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_k_mosaic_gpu_kernel,
-            block_t=block_t,
-            block_d=block_d,
-            block_s=block_s,
-            stages=stages,
+            _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_t, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_t // block_t, padded_d // block_d),
         grid_names=("B", "T", "D"),
         interpret=interpret,
@@ -5344,8 +4228,8 @@ def _scores_backward_k_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dacc": (jnp.bfloat16, ("B", "S", "T")), "q": (jnp.bfloat16, ("B", "S", "D"))},
-    outputs={"dk": (jnp.bfloat16, ("B", "T", "D"))},
+    inputs=("dacc: bf16[B, S, T]", "q: bf16[B, S, D]"),
+    outputs=("dk: bf16[B, T, D]",),
     sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
     tpu=_scores_backward_k_tpu,
     triton=_scores_backward_k_gpu,
@@ -5358,13 +4242,9 @@ def scores_backward_k(dacc, q):
     Args:
       dacc: bf16[B, S, T].
       q: bf16[B, S, D].
-      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
-        else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_t, block_d, block_s: TPU blocks (None: as _scores_backward_k_tpu_blocks chooses; the spec's: 128,
+        128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, T, D].
@@ -5386,20 +4266,12 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     acc_k_lhs = x
     acc_k_rhs = w
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(
-            jnp.bfloat16
-        )
+        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
+        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
     acc_k_ref[...] = acc_k_ref[...] + (
-        jnp.sum(
-            acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True
-        )
+        jnp.sum(acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_k_rhs.shape[0] == 1
-        else jax.lax.dot_general(
-            acc_k_lhs, acc_k_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        else jax.lax.dot_general(acc_k_lhs, acc_k_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -5409,8 +4281,6 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = (acc_k + bias).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_tpu_blocks = rt.TpuBlocks(
     "linear",
     sizes=("M", "N", "K"),
@@ -5424,28 +4294,22 @@ _linear_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    block_m, block_n, block_k = rt.tpu_blocks(_linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent
-        # (parallel); steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
-            # w: bf16[N, K], read transposed
-            pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),
+            pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),  # w: bf16[N, K], read transposed
             pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -5453,9 +4317,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n,
+            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n
         ),
         interpret=interpret,
         name="linear",
@@ -5464,7 +4326,6 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -5474,33 +4335,24 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
         in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
         x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
         w = rt.load(w_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
     bias = rt.load(bias_ref, (None, in_n))
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# N, K) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _linear_gpu(
-    x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
-):
-    """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -5516,18 +4368,7 @@ def _linear_gpu(
 
 
 def _linear_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    bias_ref,
-    y_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
-    stages,
+    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -5551,44 +4392,24 @@ def _linear_mosaic_gpu_kernel(
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_mosaic_gpu(
-    x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
     block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices(
-        "linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes
-    )
+    rt.mgpu_check_choices("linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
-        functools.partial(
-            _linear_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
-        ),
+        functools.partial(_linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
@@ -5603,10 +4424,9 @@ def _linear_mosaic_gpu(
 
 
 def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
-    The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
-    recompute the values they need from them.
+    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels linear_backward_over_m, linear_backward_x, linear_backward_w. The forward pass saves its inputs (x,
+    w, bias) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, w, _ = saved
     dy = cotangents
@@ -5617,12 +4437,8 @@ def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "K")),
-        "w": (jnp.bfloat16, ("N", "K")),
-        "bias": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, K]", "w: bf16[N, K]", "bias: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
     triton=_linear_gpu,
@@ -5636,19 +4452,14 @@ def linear(x, w, bias):
       x: bf16[M, K].
       w: bf16[N, K].
       bias: f32[N].
-      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_n, block_k: TPU blocks (None: as _linear_tpu_blocks chooses; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
-    linear_backward_x, linear_backward_w (_linear_vjp).
+    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
+    linear_backward_w (_linear_vjp).
     """
     bias = bias[None, :]
     acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
@@ -5676,8 +4487,6 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "linear_backward_over_m",
     sizes=("M", "N"),
@@ -5688,19 +4497,16 @@ _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
-    """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit
-    # copy of a block 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0
+    # MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
-        # M accumulate in order (arbitrary).
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # dy: bf16[M, N]
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
@@ -5708,9 +4514,7 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n),
         interpret=interpret,
         name="linear_backward_over_m",
     )(dy)
@@ -5718,7 +4522,6 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
 
 def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -5741,22 +4544,17 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     rt.store(dbias_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
@@ -5767,9 +4565,7 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
     )(dy)
 
 
-def _linear_backward_over_m_mosaic_gpu_kernel(
-    dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m
-):
+def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
     def reduce_1(indices, dy_smem, carry):
@@ -5779,9 +4575,7 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -5799,15 +4593,11 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
 
 
 def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
-    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
-        functools.partial(
-            _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
+        functools.partial(_linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
@@ -5818,8 +4608,8 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N"))},
-    outputs={"dbias": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("dy: bf16[M, N]",),
+    outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_linear_backward_over_m_tpu,
     triton=_linear_backward_over_m_gpu,
@@ -5831,12 +4621,8 @@ def linear_backward_over_m(dy):
 
     Args:
       dy: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _linear_backward_over_m_tpu_blocks chooses; the spec's: 1024,
+        1024).
 
     Returns:
       dbias: f32[N].
@@ -5861,15 +4647,9 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     acc_n_lhs = dy
     acc_n_rhs = w
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(
-            jnp.bfloat16
-        )
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 0, 0).astype(
-            jnp.bfloat16
-        )
-    acc_n_ref[...] = acc_n_ref[...] + jnp.dot(
-        acc_n_lhs, acc_n_rhs, preferred_element_type=jnp.float32
-    )
+        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
+        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 0, 0).astype(jnp.bfloat16)
+    acc_n_ref[...] = acc_n_ref[...] + jnp.dot(acc_n_lhs, acc_n_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -5877,8 +4657,6 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_x_tpu_blocks = rt.TpuBlocks(
     "linear_backward_x",
     sizes=("M", "K", "N"),
@@ -5888,17 +4666,13 @@ _linear_backward_x_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_m, block_k, block_n = rt.tpu_blocks(_linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of K, block of N. Steps along M, K are independent
-        # (parallel); steps along N accumulate in order (arbitrary).
+        # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
@@ -5906,13 +4680,10 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_n_ref: the product over N
-        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -5924,7 +4695,6 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
@@ -5936,33 +4706,21 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
         w = rt.load(w_ref.at[pl.ds(start, block_n), :], (in_n, in_k), other=0)
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M,
-# K, N) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _linear_backward_x_gpu(
-    dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
-):
-    """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _linear_backward_x_gpu_options,
-        (m, k, n),
-        (block_m, block_k, block_n, num_warps, num_stages),
-        16,
+        _linear_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -5999,48 +4757,27 @@ def _linear_backward_x_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (M, K, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_backward_x_mosaic_gpu(
-    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
     block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
-    rt.mgpu_check_choices(
-        "linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_x_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_k=block_k,
-            block_n=block_n,
-            stages=stages,
+            _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -6049,8 +4786,8 @@ def _linear_backward_x_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "w": (jnp.bfloat16, ("N", "K"))},
-    outputs={"dx": (jnp.bfloat16, ("M", "K"))},
+    inputs=("dy: bf16[M, N]", "w: bf16[N, K]"),
+    outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_linear_backward_x_tpu,
     triton=_linear_backward_x_gpu,
@@ -6063,13 +4800,9 @@ def linear_backward_x(dy, w):
     Args:
       dy: bf16[M, N].
       w: bf16[N, K].
-      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m, block_k, block_n: TPU blocks (None: as _linear_backward_x_tpu_blocks chooses; the spec's: 1024,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -6091,12 +4824,8 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
     acc_m_lhs = dy
     acc_m_rhs = x
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(
-            jnp.bfloat16
-        )
+        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -6107,8 +4836,6 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_w_tpu_blocks = rt.TpuBlocks(
     "linear_backward_w",
     sizes=("N", "K", "M"),
@@ -6118,32 +4845,24 @@ _linear_backward_w_tpu_blocks = rt.TpuBlocks(
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
-    """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_n, block_k, block_m = rt.tpu_blocks(
-        _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
-    )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
-    # raise the limit.
+    block_n, block_k, block_m = rt.tpu_blocks(_linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m))
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
+    # + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of K, block of M. Steps along N, K are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
+        # One step per block of N, block of K, block of M. Steps along N, K are independent (parallel); steps along M
+        # accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
-            # dy: bf16[M, N], read transposed
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # dy: bf16[M, N], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K]
         ],
         out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
-        # acc_m_ref: the product over M
-        scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
-            ),
+            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + 2 * n * k
@@ -6155,7 +4874,6 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
 
 def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     block_n, block_k = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     inside = rt.mask((block_n, block_k), in_n, in_k)
@@ -6165,37 +4883,23 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
         in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
         dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        return acc + jax.lax.dot_general(
-            dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return acc + jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
-    )
+    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N,
-# K, M) shown (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the
-# spec's). rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, block_k, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N, K, M).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
-def _linear_backward_w_gpu(
-    dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
-):
-    """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
     block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
-        _linear_backward_w_gpu_options,
-        (n, k, m),
-        (block_n, block_k, block_m, num_warps, num_stages),
-        16,
+        _linear_backward_w_gpu_options, (n, k, m), (block_n, block_k, block_m, num_warps, num_stages), 16
     )
     return pl.pallas_call(
         functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
-        # One program per block of N, block of K; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of N, block of K; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed
@@ -6232,49 +4936,28 @@ def _linear_backward_w_mosaic_gpu_kernel(
         out_smem[...] = acc.astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (
-            out_smem,
-            dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
-        )
-    )
+    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the
-# sizes (N, K, M) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the built-in ones).
+# Mosaic GPU's block_n, block_k, block_m, stages by GPU kind (None: built in) and sizes (N, K, M).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _linear_backward_w_mosaic_gpu(
-    dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
-):
-    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret):
     block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
-    rt.mgpu_check_choices(
-        "linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes)
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
     dy, x = rt.mgpu_pad(dy, (padded_n, padded_m)), rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_w_mosaic_gpu_kernel,
-            block_n=block_n,
-            block_k=block_k,
-            block_m=block_m,
-            stages=stages,
+            _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_n, block_k), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[rt.mgpu_smem((block_n, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
         grid=(padded_n // block_n, padded_k // block_k),
         grid_names=("N", "K"),
         interpret=interpret,
@@ -6283,8 +4966,8 @@ def _linear_backward_w_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={"dy": (jnp.bfloat16, ("M", "N")), "x": (jnp.bfloat16, ("M", "K"))},
-    outputs={"dw": (jnp.bfloat16, ("N", "K"))},
+    inputs=("dy: bf16[M, N]", "x: bf16[M, K]"),
+    outputs=("dw: bf16[N, K]",),
     sizes={"N": "n", "K": "k", "M": "m"},
     tpu=_linear_backward_w_tpu,
     triton=_linear_backward_w_gpu,
@@ -6297,13 +4980,9 @@ def linear_backward_w(dy, x):
     Args:
       dy: bf16[M, N].
       x: bf16[M, K].
-      block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
-        else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_n, block_k, block_m: TPU blocks (None: as _linear_backward_w_tpu_blocks chooses; the spec's: 1024,
+        1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[N, K].

@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -20,9 +31,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _layer_norm_with_residuals_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps
-):
+def _layer_norm_with_residuals_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     b = b_ref[...]
@@ -37,8 +46,6 @@ def _layer_norm_with_residuals_kernel(
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "layer_norm_with_residuals",
     sizes=("M", "N"),
@@ -49,12 +56,10 @@ _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
-    # + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy
-    # of a block 64 B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise
-    # the limit.
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
+    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
+    # B.
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -77,8 +82,7 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 14 * m * n
@@ -88,11 +92,8 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     )(x, w, b)
 
 
-def _layer_norm_with_residuals_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps
-):
+def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -110,17 +111,11 @@ def _layer_norm_with_residuals_gpu_kernel(
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
-def _layer_norm_with_residuals_gpu(
-    x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
-):
-    """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -129,8 +124,8 @@ def _layer_norm_with_residuals_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -182,9 +177,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_over_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -206,9 +199,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_n_2_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_2_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0
-            )
+            mean_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0)
         mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
         return (mean_n_2_running,)
 
@@ -240,9 +231,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
-            jnp.bfloat16
-        )
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -262,20 +251,12 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
-        functools.partial(
-            _layer_norm_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            n=n,
-            eps=eps,
-        ),
+        functools.partial(_layer_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -296,17 +277,8 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "b": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={
-        "y": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "mean_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_with_residuals_tpu,
@@ -321,13 +293,8 @@ def layer_norm_with_residuals(x, w, b, *, eps=1e-05):
       x: bf16[M, N].
       w: f32[N].
       b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
@@ -361,8 +328,6 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_tpu_blocks = rt.TpuBlocks(
     "layer_norm",
     sizes=("M", "N"),
@@ -373,11 +338,9 @@ _layer_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
-    # + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64
-    # B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
+    # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -398,8 +361,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n
@@ -411,7 +373,6 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
 
 def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -422,22 +383,16 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
     rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
-    rstd = jax.lax.rsqrt(
-        jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-    )
+    rstd = jax.lax.rsqrt(jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps)
     rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_gpu_options = {None: (1, None, 1)}
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -446,8 +401,8 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -471,20 +426,7 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
 
 
 def _layer_norm_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    b_ref,
-    y_ref,
-    mu_ref,
-    rstd_ref,
-    mu_smem,
-    rstd_smem,
-    y_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-    eps,
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mu_smem, rstd_smem, y_buffers, *, block_m, block_n, n, eps
 ):
     program_m = jax.lax.axis_index("M")
 
@@ -495,9 +437,7 @@ def _layer_norm_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
+            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
@@ -519,9 +459,7 @@ def _layer_norm_mosaic_gpu_kernel(
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_over_n_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -550,9 +488,7 @@ def _layer_norm_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
-            jnp.bfloat16
-        )
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -572,16 +508,12 @@ def _layer_norm_mosaic_gpu_kernel(
 
 
 def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd = plgpu.kernel(
-        functools.partial(
-            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -600,44 +532,23 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
 
 
 def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
-    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
-    residuals mean_n (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need (h, d) from them.
+    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels layer_norm_backward, layer_norm_backward_over_m. The forward pass saves its inputs (x, w, b), its
+    outputs mu, rstd (read, not recomputed) and the residuals mean_n (forward values that cost more to recompute
+    than to save): the backward kernels recompute the values they need (h, d) from them.
     """
     x, w, mu, rstd, mean_n = saved
     dy, dmu, drstd = cotangents
     dx = layer_norm_backward(
-        x,
-        w,
-        mu,
-        rstd,
-        mean_n,
-        dy,
-        dmu,
-        drstd,
-        eps=eps,
-        gpu_backend=gpu_backend,
-        interpret=interpret,
+        x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, gpu_backend=gpu_backend, interpret=interpret
     )
-    dw, db = layer_norm_backward_over_m(
-        x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw, db
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "b": (jnp.float32, ("N",), (1, "N")),
-    },
-    outputs={
-        "y": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_tpu,
@@ -655,19 +566,14 @@ def layer_norm(x, w, b, *, eps=1e-05):
       x: bf16[M, N].
       w: f32[N].
       b: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
 
-    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
-    layer_norm_backward_over_m (_layer_norm_vjp).
+    Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
+    (_layer_norm_vjp).
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -707,8 +613,6 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward",
     sizes=("M", "N"),
@@ -718,16 +622,12 @@ _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
 )
 
 
-def _layer_norm_backward_tpu(
-    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
-):
-    """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B +
-    # rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a
-    # block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let rstd_1 64 B +
-    # let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let drstd_1 64 B + let dd 64 B + let
-    # dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
+    # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
+    # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
+    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -745,8 +645,7 @@ def _layer_norm_backward_tpu(
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=26 * m * n,
@@ -762,7 +661,6 @@ def _layer_norm_backward_gpu_kernel(
     x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, eps
 ):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -787,17 +685,13 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
 def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
-    """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -806,8 +700,8 @@ def _layer_norm_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -875,9 +769,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * d
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -913,9 +805,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         )
         sum_over_n_block = -dd
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -954,8 +844,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = dh.astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -971,23 +860,15 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _layer_norm_backward_mosaic_gpu(
-    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret
-):
-    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
+def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    mu = rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
-    rstd = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
-    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
-    dy, dmu = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(dmu.reshape((m,)), (padded_m,))
-    drstd = rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
+    mu, rstd = rt.mgpu_pad(mu.reshape((m,)), (padded_m,)), rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
+    mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
+    dmu, drstd = rt.mgpu_pad(dmu.reshape((m,)), (padded_m,)), rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=5),
@@ -1006,17 +887,17 @@ def _layer_norm_backward_mosaic_gpu(
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-        "dmu": (jnp.float32, ("M",), ("M", 1)),
-        "drstd": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=(
+        "x: bf16[M, N]",
+        "w: f32[N] as [1, N]",
+        "mu: f32[M] as [M, 1]",
+        "rstd: f32[M] as [M, 1]",
+        "mean_n: f32[M] as [M, 1]",
+        "dy: bf16[M, N]",
+        "dmu: f32[M] as [M, 1]",
+        "drstd: f32[M] as [M, 1]",
+    ),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_backward_tpu,
@@ -1036,13 +917,8 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
       dy: bf16[M, N].
       dmu: f32[M].
       drstd: f32[M].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _layer_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -1070,17 +946,7 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
 
 
 def _layer_norm_backward_over_m_kernel(
-    x_ref,
-    mu_ref,
-    rstd_ref,
-    dy_ref,
-    dw_ref,
-    db_ref,
-    sum_m_running_ref,
-    sum_over_m_running_ref,
-    *,
-    m,
-    block_m,
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, sum_m_running_ref, sum_over_m_running_ref, *, m, block_m
 ):
     step = pl.program_id(0)
 
@@ -1104,9 +970,7 @@ def _layer_norm_backward_over_m_kernel(
     sum_over_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
         sum_over_m_block = rt.fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
-    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(
-        sum_over_m_block, axis=0, keepdims=True
-    )
+    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
@@ -1116,8 +980,6 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward_over_m",
     sizes=("M", "N"),
@@ -1128,12 +990,10 @@ _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
-    """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B +
-    # dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
-    # 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
+    # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
+    # y_1 64 B + let dy_1 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -1148,35 +1008,24 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
             pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
             pl.BlockSpec((1, n), lambda i: (0, 0)),  # db: f32[N], broadcast over M
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
-        ),
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
         scratch_shapes=[
-            # sum_m_running_ref: the running sum over M of one block
-            pltpu.VMEM((1, n), jnp.float32),
-            # sum_over_m_running_ref: the running sum over M of one block
-            pltpu.VMEM((1, n), jnp.float32),
+            pltpu.VMEM((1, n), jnp.float32),  # sum_m_running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),  # sum_over_m_running_ref: the running sum over M of one block
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n,
+            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n
         ),
         interpret=interpret,
         name="layer_norm_backward_over_m",
     )(x, mu, rstd, dy)
 
 
-def _layer_norm_backward_over_m_gpu_kernel(
-    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m
-):
+def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m):
     _, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -1214,24 +1063,17 @@ def _layer_norm_backward_over_m_gpu_kernel(
     rt.store(db_ref, sum_over_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _layer_norm_backward_over_m_gpu(
-    x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -1243,10 +1085,7 @@ def _layer_norm_backward_over_m_gpu(
             pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
             pl.BlockSpec((1, block_n), lambda i: (0, i)),  # db: f32[N], broadcast over M
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
-            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
-        ),
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="layer_norm_backward_over_m",
@@ -1271,15 +1110,11 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_over_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0
-            )
+            sum_over_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0)
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
 
@@ -1293,10 +1128,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
-            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
-        ),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1), rt.mgpu_full(block_n, 0.0, jnp.float32, 1)),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
     sum_m = sum_m_running
     sum_over_m = sum_over_m_running
@@ -1311,20 +1143,13 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
-    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
     rstd, dy = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     dw, db = plgpu.kernel(
-        functools.partial(
-            _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
-        ),
+        functools.partial(_layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32), plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
         grid_names=("N",),
@@ -1334,13 +1159,8 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "mu": (jnp.float32, ("M",), ("M", 1)),
-        "rstd": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dw": (jnp.float32, ("N",), (1, "N")), "db": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dw: f32[N] as [1, N]", "db: f32[N] as [1, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_layer_norm_backward_over_m_tpu,
     triton=_layer_norm_backward_over_m_gpu,
@@ -1355,12 +1175,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
       mu: f32[M].
       rstd: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _layer_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
 
     Returns:
       dw: f32[N]; db: f32[N].
@@ -1389,8 +1204,6 @@ def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "rms_norm_with_residuals",
     sizes=("M", "N"),
@@ -1401,11 +1214,9 @@ _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B +
-    # mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
+    # 32-bit copy of a block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1423,8 +1234,7 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 6 * m * n
@@ -1436,7 +1246,6 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1448,15 +1257,11 @@ def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1465,8 +1270,8 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1498,9 +1303,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         mean_over_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
-            )
+            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -1525,9 +1328,9 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
-        ).astype(jnp.bfloat16)
+        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1546,27 +1349,16 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
 
 def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     y, mean_n = plgpu.kernel(
-        functools.partial(
-            _rms_norm_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            n=n,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
-        ],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1575,8 +1367,8 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N")), "mean_n": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]", "mean_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_with_residuals_tpu,
@@ -1590,13 +1382,8 @@ def rms_norm_with_residuals(x, w, *, eps=1e-06):
     Args:
       x: bf16[M, N].
       w: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mean_n: f32[M].
@@ -1615,13 +1402,9 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     h = x.astype(jnp.float32)
-    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(
-        jnp.bfloat16
-    )
+    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_tpu_blocks = rt.TpuBlocks(
     "rms_norm",
     sizes=("M", "N"),
@@ -1632,11 +1415,9 @@ _rms_norm_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
-    """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) +
-    # mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) + mean's 32-bit copy of a
+    # block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1648,8 +1429,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 2 * m * n
@@ -1661,7 +1441,6 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1670,36 +1449,26 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
     h = x.astype(jnp.float32)
     rt.store(
         y_ref,
-        (
-            h
-            * jax.lax.rsqrt(
-                jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
-            )
-            * w
-        ).astype(jnp.bfloat16),
+        (h * jax.lax.rsqrt(jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps) * w).astype(
+            jnp.bfloat16
+        ),
         inside,
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_gpu_options = {None: (1, None, 1)}
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1723,9 +1492,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         h = x.astype(jnp.float32)
         mean_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
-            )
+            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
@@ -1746,9 +1513,9 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (
-            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
-        ).astype(jnp.bfloat16)
+        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1767,15 +1534,11 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
 
 
 def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     (y,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
@@ -1786,24 +1549,21 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
 
 
 def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
-    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need (h) from
-    them.
+    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass saves its inputs (x, w) and the
+    residuals mean_n (forward values that cost more to recompute than to save): the backward kernels recompute
+    the values they need (h) from them.
     """
     x, w, mean_n = saved
     dy = cotangents
     dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
-    dw = rms_norm_backward_over_m(
-        x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw
 
 
 @rt.kernel(
-    inputs={"x": (jnp.bfloat16, ("M", "N")), "w": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"y": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
+    outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_tpu,
@@ -1819,25 +1579,18 @@ def rms_norm(x, w, *, eps=1e-06):
     Args:
       x: bf16[M, N].
       w: f32[N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
-    rms_norm_backward_over_m (_rms_norm_vjp).
+    Gradients: jax.grad runs the generated backward kernels rms_norm_backward, rms_norm_backward_over_m
+    (_rms_norm_vjp).
     """
     w = w[None, :]
     h = x.astype(jnp.float32)
-    y = (
-        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
-    ).astype(jnp.bfloat16)
+    y = (h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w).astype(jnp.bfloat16)
     return y
 
 
@@ -1856,8 +1609,6 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward",
     sizes=("M", "N"),
@@ -1868,12 +1619,10 @@ _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B +
-    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3
-    # 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh 64 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
+    # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
+    # dy_3 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1887,13 +1636,10 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n,
+            flops=18 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward",
@@ -1902,7 +1648,6 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, eps):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1915,26 +1660,16 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    dy_3 = (
-        jnp.sum(rt.fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
-        * (-0.5 * (y_3 / y_2))
-        / n
-    )
+    dy_3 = jnp.sum(rt.fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True) * (-0.5 * (y_3 / y_2)) / n
     dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
-def _rms_norm_backward_gpu(
-    x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
-):
-    """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1943,8 +1678,8 @@ def _rms_norm_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1961,19 +1696,7 @@ def _rms_norm_backward_gpu(
 
 
 def _rms_norm_backward_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    mean_n_ref,
-    dy_ref,
-    dx_ref,
-    barrier,
-    mean_n_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-    eps,
+    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, barrier, mean_n_smem, dx_buffers, *, block_m, block_n, n, eps
 ):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0])
@@ -1992,9 +1715,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * h
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -2031,8 +1752,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = dh.astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -2049,17 +1769,12 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    mean_n = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
-    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
-        ),
+        functools.partial(_rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -2074,13 +1789,8 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "w": (jnp.float32, ("N",), (1, "N")),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dx": (jnp.bfloat16, ("M", "N"))},
+    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_tpu,
@@ -2096,13 +1806,8 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
       w: f32[N].
       mean_n: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -2122,9 +1827,7 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     return dx
 
 
-def _rms_norm_backward_over_m_kernel(
-    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps
-):
+def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -2150,8 +1853,6 @@ def _rms_norm_backward_over_m_kernel(
         dw_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward_over_m",
     sizes=("M", "N"),
@@ -2162,11 +1863,9 @@ _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
-    """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B
-    # + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let
-    # y_3 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
+    # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -2178,16 +1877,12 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         ],
         out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
+            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n,
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",
@@ -2196,7 +1891,6 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
 
 def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, eps):
     _, block_n = dw_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -2225,24 +1919,17 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     rt.store(dw_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
-def _rms_norm_backward_over_m_gpu(
-    x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
-):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -2275,9 +1962,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_3
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -2299,20 +1984,12 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 
 
 def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
-    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
-        functools.partial(
-            _rms_norm_backward_over_m_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            m=m,
-            eps=eps,
-        ),
+        functools.partial(_rms_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
@@ -2323,12 +2000,8 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.bfloat16, ("M", "N")),
-        "mean_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.bfloat16, ("M", "N")),
-    },
-    outputs={"dw": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: bf16[M, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
+    outputs=("dw: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_over_m_tpu,
@@ -2343,13 +2016,8 @@ def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
       x: bf16[M, N].
       mean_n: f32[M].
       dy: bf16[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
-        grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      block_m: TPU blocks (None: as _rms_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N].

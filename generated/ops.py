@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -27,8 +38,6 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_tpu_blocks = rt.TpuBlocks(
     "add_f32",
     sizes=("M", "N"),
@@ -39,10 +48,8 @@ _add_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -54,12 +61,9 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_f32",
     )(x, y)
@@ -68,7 +72,6 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `add_i32`'s and `add_i8`'s: the same code, written once.
 def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -77,15 +80,11 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x + y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -116,15 +115,12 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -139,9 +135,9 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels add_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
+    recompute the values they need from them.
     """
     dz = cotangents
     dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
@@ -149,8 +145,8 @@ def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_tpu,
     triton=_add_f32_gpu,
@@ -163,12 +159,7 @@ def add_f32(x, y):
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_f32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: f32[M, N].
@@ -185,8 +176,6 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_backward_tpu_blocks = rt.TpuBlocks(
     "add_f32_backward",
     sizes=("M", "N"),
@@ -197,10 +186,8 @@ _add_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
-    """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0
-    # KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
     return pl.pallas_call(
         _add_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -210,17 +197,11 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n),
         interpret=interpret,
         name="add_f32_backward",
     )(dz)
@@ -228,7 +209,6 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
 
 def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -237,15 +217,11 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -258,10 +234,7 @@ def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, 
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="add_f32_backward",
@@ -280,14 +253,11 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
         step,
         grid=(1,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
     )(dz_ref, dx_ref, dy_ref)
 
 
 def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
@@ -305,8 +275,8 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"dz": (jnp.float32, ("M", "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    inputs=("dz: f32[M, N]",),
+    outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_backward_tpu,
     triton=_add_f32_backward_gpu,
@@ -318,12 +288,7 @@ def add_f32_backward(dz):
 
     Args:
       dz: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
@@ -340,8 +305,6 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_tpu_blocks = rt.TpuBlocks(
     "mul_f32",
     sizes=("M", "N"),
@@ -352,10 +315,8 @@ _mul_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -367,12 +328,9 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_f32",
     )(x, y)
@@ -381,7 +339,6 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
 def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     block_m, block_n = z_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -390,15 +347,11 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x * y, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -429,15 +382,12 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -452,9 +402,9 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
-    and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels mul_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
+    recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -463,8 +413,8 @@ def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "y": (jnp.float32, ("M", "N"))},
-    outputs={"z": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]"),
+    outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_tpu,
     triton=_mul_f32_gpu,
@@ -477,12 +427,7 @@ def mul_f32(x, y):
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_f32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: f32[M, N].
@@ -501,8 +446,6 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
     "mul_f32_backward",
     sizes=("M", "N"),
@@ -513,10 +456,9 @@ _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
-    """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB +
-    # dx 512.0 KiB + dy 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB + dx 512.0 KiB + dy
+    # 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -530,13 +472,9 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y, dz) + 8 * m * n
@@ -548,7 +486,6 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
 
 def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -559,15 +496,11 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz * x, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -584,10 +517,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
-            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="mul_f32_backward",
@@ -607,16 +537,12 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 3,
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 3,
+        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
 
 
 def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
-    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -635,12 +561,8 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "y": (jnp.float32, ("M", "N")),
-        "dz": (jnp.float32, ("M", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N")), "dy": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "y: f32[M, N]", "dz: f32[M, N]"),
+    outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
     triton=_mul_f32_backward_gpu,
@@ -654,12 +576,7 @@ def mul_f32_backward(x, y, dz):
       x: f32[M, N].
       y: f32[M, N].
       dz: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
@@ -675,8 +592,6 @@ def _argmax_f32_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_f32_tpu_blocks = rt.TpuBlocks(
     "argmax_f32",
     sizes=("M", "N"),
@@ -687,10 +602,9 @@ _argmax_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
+    # 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -699,12 +613,9 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_f32",
     )(x)
@@ -712,7 +623,6 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -720,15 +630,11 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_f32_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -737,8 +643,8 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_f32_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -758,9 +664,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -771,10 +675,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -783,8 +684,6 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -800,15 +699,15 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_f32_tpu,
     triton=_argmax_f32_gpu,
@@ -820,18 +719,13 @@ def argmax_f32(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_f32_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -861,8 +755,6 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_f32_tpu_blocks = rt.TpuBlocks(
     "equal_count_f32",
     sizes=("N",),
@@ -873,11 +765,9 @@ _equal_count_f32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
+    # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -893,9 +783,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_f32",
     )(x, y)
@@ -903,7 +791,6 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
 
 # Also `equal_count_i32`'s and `equal_count_i8`'s: the same code, written once.
 def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
@@ -918,29 +805,22 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
-    )
+    (sum_n_running,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
     sum_n = sum_n_running
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
         in_specs=[
             pl.BlockSpec((size_n,), lambda: (0,)),  # x: f32[N]
@@ -954,33 +834,25 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )(x, y)
 
 
-def _equal_count_f32_mosaic_gpu_kernel(
-    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
-):
+def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x == y).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2,
+        step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.float32)] * 2
     )(x_ref, y_ref)
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -999,15 +871,15 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
+    since no float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("N",)), "y": (jnp.float32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: f32[N]", "y: f32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_f32_tpu,
     triton=_equal_count_f32_gpu,
@@ -1020,18 +892,13 @@ def equal_count_f32(x, y):
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_f32_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
@@ -1039,8 +906,6 @@ def equal_count_f32(x, y):
     return n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i32_tpu_blocks = rt.TpuBlocks(
     "add_i32",
     sizes=("M", "N"),
@@ -1051,10 +916,8 @@ _add_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1066,26 +929,19 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1116,15 +972,12 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1139,15 +992,15 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i32[M, N]", "y: i32[M, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i32_tpu,
     triton=_add_i32_gpu,
@@ -1160,25 +1013,18 @@ def add_i32(x, y):
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_i32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x + y
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i32_tpu_blocks = rt.TpuBlocks(
     "mul_i32",
     sizes=("M", "N"),
@@ -1189,10 +1035,8 @@ _mul_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1204,26 +1048,19 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1254,15 +1091,12 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     plgpu.emit_pipeline(
         step,
         grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)]
-        * 2,
+        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)] * 2,
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.int32)],
     )(x_ref, y_ref, z_ref)
 
 
 def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1277,15 +1111,15 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N")), "y": (jnp.int32, ("M", "N"))},
-    outputs={"z": (jnp.int32, ("M", "N"))},
+    inputs=("x: i32[M, N]", "y: i32[M, N]"),
+    outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i32_tpu,
     triton=_mul_i32_gpu,
@@ -1298,25 +1132,18 @@ def mul_i32(x, y):
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_i32_tpu_blocks chooses; the spec's: 256, 512).
 
     Returns:
       z: i32[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x * y
     return z
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i32_tpu_blocks = rt.TpuBlocks(
     "argmax_i32",
     sizes=("M", "N"),
@@ -1327,10 +1154,9 @@ _argmax_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
+    # 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1339,12 +1165,9 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i32",
     )(x)
@@ -1352,7 +1175,6 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -1360,15 +1182,11 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i32_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1377,8 +1195,8 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_i32_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -1398,9 +1216,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -1411,10 +1227,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -1423,8 +1236,6 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1440,15 +1251,15 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: i32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i32_tpu,
     triton=_argmax_i32_gpu,
@@ -1460,18 +1271,13 @@ def argmax_i32(x):
 
     Args:
       x: i32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_i32_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1480,8 +1286,6 @@ def argmax_i32(x):
     return i
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i32_tpu_blocks = rt.TpuBlocks(
     "equal_count_i32",
     sizes=("N",),
@@ -1492,11 +1296,9 @@ _equal_count_i32_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
+    # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1512,30 +1314,23 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i32",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
         in_specs=[
             pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
@@ -1549,33 +1344,25 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )(x, y)
 
 
-def _equal_count_i32_mosaic_gpu_kernel(
-    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
-):
+def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x == y).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
-    )(x_ref, y_ref)
+    plgpu.emit_pipeline(step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2)(
+        x_ref, y_ref
+    )
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1594,15 +1381,15 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
+    since no float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i32[N]", "y: i32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i32_tpu,
     triton=_equal_count_i32_gpu,
@@ -1615,18 +1402,13 @@ def equal_count_i32(x, y):
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_i32_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
@@ -1640,8 +1422,6 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i8_tpu_blocks = rt.TpuBlocks(
     "add_i8",
     sizes=("M", "N"),
@@ -1652,10 +1432,8 @@ _add_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1667,26 +1445,19 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="add_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1723,8 +1494,6 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1739,15 +1508,15 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
-    outputs={"z": (jnp.int8, ("M", "N"))},
+    inputs=("x: i8[M, N]", "y: i8[M, N]"),
+    outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i8_tpu,
     triton=_add_i8_gpu,
@@ -1760,18 +1529,13 @@ def add_i8(x, y):
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _add_i8_tpu_blocks chooses; the spec's: 1024, 512).
 
     Returns:
       z: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x + y
     return z
@@ -1783,8 +1547,6 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i8_tpu_blocks = rt.TpuBlocks(
     "mul_i8",
     sizes=("M", "N"),
@@ -1795,10 +1557,8 @@ _mul_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1810,26 +1570,19 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
+            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="mul_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1866,8 +1619,6 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
 
 
 def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
-    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
@@ -1882,15 +1633,15 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N")), "y": (jnp.int8, ("M", "N"))},
-    outputs={"z": (jnp.int8, ("M", "N"))},
+    inputs=("x: i8[M, N]", "y: i8[M, N]"),
+    outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i8_tpu,
     triton=_mul_i8_gpu,
@@ -1903,18 +1654,13 @@ def mul_i8(x, y):
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _mul_i8_tpu_blocks chooses; the spec's: 1024, 512).
 
     Returns:
       z: i8[M, N].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     z = x * y
     return z
@@ -1925,8 +1671,6 @@ def _argmax_i8_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i8_tpu_blocks = rt.TpuBlocks(
     "argmax_i8",
     sizes=("M", "N"),
@@ -1937,10 +1681,9 @@ _argmax_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's
-    # 32-bit copy of a block 128 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
+    # 128 B.
     return pl.pallas_call(
         _argmax_i8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1949,12 +1692,9 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i8",
     )(x)
@@ -1962,37 +1702,26 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(
-        i_ref,
-        rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
-        inside,
-    )
+    rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i8_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_i8_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i8[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -2012,9 +1741,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x.astype(jnp.int32)
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -2025,10 +1752,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -2037,8 +1761,6 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
 
 
 def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -2054,15 +1776,15 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
-    inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: i8[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i8_tpu,
     triton=_argmax_i8_gpu,
@@ -2074,18 +1796,13 @@ def argmax_i8(x):
 
     Args:
       x: i8[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_i8_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -2114,8 +1831,6 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i8_tpu_blocks = rt.TpuBlocks(
     "equal_count_i8",
     sizes=("N",),
@@ -2126,11 +1841,9 @@ _equal_count_i8_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
+    # 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -2146,35 +1859,25 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i8",
     )(x, y)
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[
-            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i8[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i8[N]
-        ],
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,)), pl.BlockSpec((size_n,), lambda: (0,))],  # x: i8[N]  # y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -2189,25 +1892,19 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2,
-    )(x_ref, y_ref)
+    plgpu.emit_pipeline(step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int8)] * 2)(
+        x_ref, y_ref
+    )
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -2226,15 +1923,15 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
+    no float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int8, ("N",)), "y": (jnp.int8, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i8[N]", "y: i8[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i8_tpu,
     triton=_equal_count_i8_gpu,
@@ -2247,18 +1944,13 @@ def equal_count_i8(x, y):
     Args:
       x: i8[N].
       y: i8[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_i8_tpu_blocks chooses; the spec's: 4096).
 
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)

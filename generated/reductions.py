@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -25,8 +36,6 @@ def _argmax_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_rows_tpu_blocks = rt.TpuBlocks(
     "argmax_rows",
     sizes=("M", "N"),
@@ -37,10 +46,9 @@ _argmax_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
+    # 32 B.
     return pl.pallas_call(
         _argmax_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -49,12 +57,9 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_rows",
     )(x)
@@ -62,7 +67,6 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -70,15 +74,11 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_rows_gpu_options = {None: (1, None, 1)}
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -87,8 +87,8 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_rows_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -109,9 +109,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
-            )
+            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -122,10 +120,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmax_n = argmax_n_index
     i = argmax_n
@@ -133,9 +128,8 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
+# Also `argmax_blocked`'s: the same code, written once.
 def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -151,15 +145,15 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_rows_tpu,
     triton=_argmax_rows_gpu,
@@ -171,18 +165,13 @@ def argmax_rows(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmax_rows_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -204,12 +193,7 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
     if n % block_n:  # a ragged N: its identity past the end, never padding
         argmax_n_block = rt.fill_past(argmax_n_block, step * block_n, n, 1, -jnp.inf)
     argmax_n_max_ref[...], argmax_n_index_ref[...] = rt.argbest_step(
-        argmax_n_max_ref[...],
-        argmax_n_index_ref[...],
-        argmax_n_block,
-        step * block_n,
-        1,
-        largest=True,
+        argmax_n_max_ref[...], argmax_n_index_ref[...], argmax_n_block, step * block_n, 1, largest=True
     )
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -218,8 +202,6 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         i_ref[...] = argmax_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_blocked_tpu_blocks = rt.TpuBlocks(
     "argmax_blocked",
     sizes=("M", "N"),
@@ -230,31 +212,26 @@ _argmax_blocked_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit
-    # copy of a block 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit copy of a block 16.0
+    # KiB.
     return pl.pallas_call(
         functools.partial(_argmax_blocked_kernel, n=n, block_n=block_n),
-        # One step per block of M, block of N. Steps along M are independent (parallel); steps along
-        # N accumulate in order (arbitrary).
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         scratch_shapes=[
-            # argmax_n_max_ref: the running argmax over N of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # argmax_n_index_ref: the running argmax over N of one block
-            pltpu.VMEM((block_m, 1), jnp.int32),
+            pltpu.VMEM((block_m, 1), jnp.float32),  # argmax_n_max_ref: the running argmax over N of one block
+            pltpu.VMEM((block_m, 1), jnp.int32),  # argmax_n_index_ref: the running argmax over N of one block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_m),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_blocked",
     )(x)
@@ -262,7 +239,6 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
 
@@ -289,22 +265,17 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -315,37 +286,20 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
-    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
-        functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return i[:m].reshape((m, 1))
-
-
 def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
+    no float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
     triton=_argmax_blocked_gpu,
-    mosaic_gpu=_argmax_blocked_mosaic_gpu,
+    mosaic_gpu=_argmax_rows_mosaic_gpu,
     vjp=_argmax_blocked_vjp,
 )
 def argmax_blocked(x):
@@ -354,18 +308,13 @@ def argmax_blocked(x):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
-        grown to large steps (rt.grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _argmax_blocked_tpu_blocks chooses; the spec's: 8, 512).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -379,8 +328,6 @@ def _argmin_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmin_rows_tpu_blocks = rt.TpuBlocks(
     "argmin_rows",
     sizes=("M", "N"),
@@ -391,10 +338,9 @@ _argmin_rows_tpu_blocks = rt.TpuBlocks(
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
-    """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a block
+    # 32 B.
     return pl.pallas_call(
         _argmin_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -403,12 +349,9 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmin_rows",
     )(x)
@@ -416,7 +359,6 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -424,15 +366,11 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmin_rows_gpu_options = {None: (1, None, 1)}
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -441,8 +379,8 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmin_rows_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -462,9 +400,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmin_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmin_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf
-            )
+            argmin_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf)
         argmin_n_running, argmin_n_index = rt.mgpu_argbest_step(
             argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
         )
@@ -475,10 +411,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
     argmin_n = argmin_n_index
     i = argmin_n
@@ -487,8 +420,6 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
 
 
 def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
-    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -504,15 +435,15 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return (None,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"i": (jnp.int32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmin_rows_tpu,
     triton=_argmin_rows_gpu,
@@ -524,18 +455,13 @@ def argmin_rows(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _argmin_rows_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       i: i32[M].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -563,8 +489,6 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
         s_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_tpu_blocks = rt.TpuBlocks(
     "column_sums",
     sizes=("M", "N"),
@@ -575,14 +499,12 @@ _column_sums_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
-    """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy
-    # of a block 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy of a block 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, block_m=block_m),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps along
-        # M accumulate in order (arbitrary).
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
+        # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # s: f32[N], broadcast over M
@@ -593,9 +515,7 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="column_sums",
     )(x)
@@ -603,7 +523,6 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     _, block_n = s_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
@@ -625,22 +544,17 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     rt.store(s_ref, sum_m, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N], broadcast over M
@@ -660,9 +574,7 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
+            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -680,8 +592,6 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
 
 
 def _column_sums_mosaic_gpu(x, *, m, n, interpret):
-    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -697,9 +607,9 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
-    and nothing else: the backward kernels recompute the values they need from them.
+    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels column_sums_backward. The forward pass saves its inputs (x) and nothing else: the backward kernels
+    recompute the values they need from them.
     """
     (x,) = saved
     ds = cotangents
@@ -708,8 +618,8 @@ def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"s": (jnp.float32, ("N",), (1, "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("s: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_tpu,
     triton=_column_sums_gpu,
@@ -721,18 +631,12 @@ def column_sums(x):
 
     Args:
       x: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
-        grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _column_sums_tpu_blocks chooses; the spec's: 512, 512).
 
     Returns:
       s: f32[N].
 
-    Gradients: jax.grad runs the generated backward kernels column_sums_backward
-    (_column_sums_vjp).
+    Gradients: jax.grad runs the generated backward kernels column_sums_backward (_column_sums_vjp).
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -746,8 +650,6 @@ def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
     dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_backward_tpu_blocks = rt.TpuBlocks(
     "column_sums_backward",
     sizes=("M", "N"),
@@ -758,10 +660,8 @@ _column_sums_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
-    """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
-    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _column_sums_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -776,9 +676,7 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
             dimension_semantics=("parallel", "parallel"),
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_n),
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + 4 * m * n),
         interpret=interpret,
         name="column_sums_backward",
     )(x, ds)
@@ -786,7 +684,6 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -794,15 +691,11 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -841,15 +734,11 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
 
 
 def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
-    """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -859,8 +748,8 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N")), "ds": (jnp.float32, ("N",), (1, "N"))},
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "ds: f32[N] as [1, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_backward_tpu,
     triton=_column_sums_backward_gpu,
@@ -873,12 +762,7 @@ def column_sums_backward(x, ds):
     Args:
       x: f32[M, N].
       ds: f32[N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m, block_n: TPU blocks (None: as _column_sums_backward_tpu_blocks chooses; the spec's: 512, 512).
 
     Returns:
       dx: f32[M, N].
@@ -900,8 +784,6 @@ def _quantize_rows_int8_with_residuals_kernel(x_ref, q_ref, scale_ref, max_n_ref
     argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_with_residuals",
     sizes=("M", "N"),
@@ -912,11 +794,9 @@ _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128
-    # B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy
-    # of a block 128 B + let s 128 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
+    # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
     return pl.pallas_call(
         _quantize_rows_int8_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -935,22 +815,16 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(18 * block_m * n + 28 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(18 * block_m * n + 28 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=9 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 13 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=9 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 13 * m * n),
         interpret=interpret,
         name="quantize_rows_int8_with_residuals",
     )(x)
 
 
-def _quantize_rows_int8_with_residuals_gpu_kernel(
-    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n
-):
+def _quantize_rows_int8_with_residuals_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -960,22 +834,14 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(
     s = jnp.maximum(max_n, 1e-30) / 127
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
     rt.store(scale_ref, s, (in_m, None))
-    rt.store(
-        argmax_n_ref,
-        rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
-        (in_m, None),
-    )
+    rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -984,8 +850,8 @@ def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_s
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_with_residuals_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -1090,18 +956,11 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic
-    GPU backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale, max_n, argmax_n = plgpu.kernel(
-        functools.partial(
-            _quantize_rows_int8_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            n=n,
-        ),
+        functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -1118,22 +977,12 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return (
-        q[:m, :n],
-        scale[:m].reshape((m, 1)),
-        max_n[:m].reshape((m, 1)),
-        argmax_n[:m].reshape((m, 1)),
-    )
+    return q[:m, :n], scale[:m].reshape((m, 1)), max_n[:m].reshape((m, 1)), argmax_n[:m].reshape((m, 1))
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={
-        "q": (jnp.int8, ("M", "N")),
-        "scale": (jnp.float32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-    },
+    inputs=("x: f32[M, N]",),
+    outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_with_residuals_tpu,
     triton=_quantize_rows_int8_with_residuals_gpu,
@@ -1145,12 +994,7 @@ def quantize_rows_int8_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_with_residuals_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
@@ -1175,8 +1019,6 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref):
     scale_ref[...] = s
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8",
     sizes=("M", "N"),
@@ -1187,11 +1029,9 @@ _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
-    """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B)
-    # + max's 32-bit copy of a block 128 B + let s 128 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B) + max's 32-bit copy
+    # of a block 128 B + let s 128 B.
     return pl.pallas_call(
         _quantize_rows_int8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1201,17 +1041,11 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.int8), jax.ShapeDtypeStruct((m, 1), jnp.float32)),  # q  # scale
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 5 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 5 * m * n),
         interpret=interpret,
         name="quantize_rows_int8",
     )(x)
@@ -1219,30 +1053,20 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
 
 def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
     block_m, block_n = q_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
-    s = (
-        jnp.maximum(
-            jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30
-        )
-        / 127
-    )
+    s = jnp.maximum(jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30) / 127
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
     rt.store(scale_ref, s, (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_gpu_options = {None: (1, None, 1)}
 
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1251,27 +1075,22 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
         ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-        ),
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.int8), jax.ShapeDtypeStruct((m, 1), jnp.float32)),  # q  # scale
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="quantize_rows_int8",
     )(x)
 
 
-def _quantize_rows_int8_mosaic_gpu_kernel(
-    x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n
-):
+def _quantize_rows_int8_mosaic_gpu_kernel(x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1280,9 +1099,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
+            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
@@ -1322,23 +1139,13 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale = plgpu.kernel(
-        functools.partial(
-            _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.int8),
-        ],
+        functools.partial(_quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8), jax.ShapeDtypeStruct((padded_m,), jnp.float32)),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.int8)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1347,22 +1154,20 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
-    its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
+    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad, by the generated
+    backward kernels quantize_rows_int8_backward. The forward pass saves its inputs (x) and the residuals max_n,
+    argmax_n (forward values that cost more to recompute than to save): the backward kernels recompute the
+    values they need from them.
     """
     x, max_n, argmax_n = saved
     _, dscale = cotangents
-    dx = quantize_rows_int8_backward(
-        x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"q": (jnp.int8, ("M", "N")), "scale": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_tpu,
     triton=_quantize_rows_int8_gpu,
@@ -1377,12 +1182,7 @@ def quantize_rows_int8(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       q: i8[M, N]; scale: f32[M].
@@ -1414,8 +1214,6 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_backward",
     sizes=("M", "N"),
@@ -1426,11 +1224,9 @@ _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
-    """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B +
-    # argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
-    # Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
+    # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1444,24 +1240,18 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 32 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 32 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=13 * m * n,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n,
+            flops=13 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n
         ),
         interpret=interpret,
         name="quantize_rows_int8_backward",
     )(x, max_n, argmax_n, dscale)
 
 
-def _quantize_rows_int8_backward_gpu_kernel(
-    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n
-):
+def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1472,25 +1262,20 @@ def _quantize_rows_int8_backward_gpu_kernel(
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
-        pl.program_id(1) * block_n + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1)
-        == argmax_n,
+        pl.program_id(1) * block_n + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
         jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a call that
-# passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown
-# (the spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
 def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_n, num_warps, num_stages = rt.triton_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
@@ -1545,17 +1330,12 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
 
 
 def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
-    """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
-    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
-    dscale = rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))
+    argmax_n, dscale = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
+        functools.partial(_quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -1565,13 +1345,8 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "dscale": (jnp.float32, ("M",), ("M", 1)),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "dscale: f32[M] as [M, 1]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_backward_tpu,
     triton=_quantize_rows_int8_backward_gpu,
@@ -1586,12 +1361,7 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
       max_n: f32[M].
       argmax_n: i32[M].
       dscale: f32[M].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _quantize_rows_int8_backward_tpu_blocks chooses; the spec's: 32).
 
     Returns:
       dx: f32[M, N].
@@ -1632,8 +1402,6 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_tpu_blocks = rt.TpuBlocks(
     "equal_count",
     sizes=("N",),
@@ -1644,11 +1412,9 @@ _equal_count_tpu_blocks = rt.TpuBlocks(
 
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
-    """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
-    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
-    # 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
+    # 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1664,16 +1430,13 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n
-        ),
+        cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count",
     )(x, y)
 
 
 def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
@@ -1688,29 +1451,22 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
-    )
+    (sum_n_running,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
     sum_n = sum_n_running
     n_ref[...] = sum_n
 
 
-# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (N) shown (the spec's
-# .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = rt.triton_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself,
-        # accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
         in_specs=[
             pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
@@ -1730,25 +1486,19 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
     def step(_, x_smem, y_smem):
         x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
         y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
-            0, (64, block_n), 1
-        )
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(0, (64, block_n), 1)
         sum_block = (x == y).astype(jnp.int32)
         if size_n % (64 * block_n):  # a ragged N: its identity past the end
             sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2,
-    )(x_ref, y_ref)
+    plgpu.emit_pipeline(step, grid=(1,), in_specs=[rt.mgpu_spec((64, block_n), lambda _: (program, 0), jnp.int32)] * 2)(
+        x_ref, y_ref
+    )
     rt.mgpu_copy_out((sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)]))
 
 
 def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
-    """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
@@ -1767,15 +1517,15 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
 
 
 def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
+    float input reaches a float output.
     """
     return None, None
 
 
 @rt.kernel(
-    inputs={"x": (jnp.int32, ("N",)), "y": (jnp.int32, ("N",))},
-    outputs={"n": (jnp.int32, (), (1,))},
+    inputs=("x: i32[N]", "y: i32[N]"),
+    outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_tpu,
     triton=_equal_count_gpu,
@@ -1788,18 +1538,13 @@ def equal_count(x, y):
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
-        grown to large steps (rt.grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_n: TPU blocks (None: as _equal_count_tpu_blocks chooses; the spec's: 1024).
 
     Returns:
       n: i32[].
 
-    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
-    reaches a float output.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
+    output.
     """
     size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)

@@ -6,6 +6,17 @@ Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the sam
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+
+Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
+blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
+gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
+rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
+interpret (None: interpreted where no kernel compiles, as on CPU).
+
+A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
+`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
+`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
+copies, the outputs sliced back).
 """
 
 import functools
@@ -31,8 +42,6 @@ def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_
     argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "softmax_with_residuals",
     sizes=("M", "N"),
@@ -43,12 +52,10 @@ _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B +
-    # argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block
-    # 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
+    # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
+    # block 32 B + let e 32 B.
     return pl.pallas_call(
         _softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -67,12 +74,9 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n),
         interpret=interpret,
         name="softmax_with_residuals",
     )(x)
@@ -80,7 +84,6 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -91,20 +94,14 @@ def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, ma
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
     rt.store(sum_n_ref, sum_n, (in_m, None))
     rt.store(y_ref, e / sum_n, inside)
-    rt.store(
-        argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None)
-    )
+    rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -113,8 +110,8 @@ def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, inte
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -195,9 +192,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -241,15 +236,11 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
-        functools.partial(
-            _softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
@@ -266,22 +257,12 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return (
-        y[:m, :n],
-        sum_n[:m].reshape((m, 1)),
-        argmax_n[:m].reshape((m, 1)),
-        max_n[:m].reshape((m, 1)),
-    )
+    return y[:m, :n], sum_n[:m].reshape((m, 1)), argmax_n[:m].reshape((m, 1)), max_n[:m].reshape((m, 1))
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={
-        "y": (jnp.float32, ("M", "N")),
-        "sum_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-    },
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "sum_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "max_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_with_residuals_tpu,
     triton=_softmax_with_residuals_gpu,
@@ -293,12 +274,7 @@ def softmax_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
@@ -322,8 +298,6 @@ def _softmax_kernel(x_ref, y_ref):
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_tpu_blocks = rt.TpuBlocks(
     "softmax",
     sizes=("M", "N"),
@@ -334,11 +308,9 @@ _softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
-    """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit
-    # copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more
-    # than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit copy of a block 32
+    # B + sum's 32-bit copy of a block 32 B + let e 32 B.
     return pl.pallas_call(
         _softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -349,9 +321,7 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="softmax",
     )(x)
@@ -359,7 +329,6 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -368,25 +337,19 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_gpu_options = {None: (1, None, 1)}
 
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = rt.triton_options(
-        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+    block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
@@ -406,9 +369,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
-            )
+            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
@@ -428,9 +389,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -466,8 +425,6 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
 
 
 def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the operands
-    padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -483,22 +440,20 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
-    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
-    save): the backward kernels recompute the values they need (e) from them.
+    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels softmax_backward. The forward pass saves its inputs (x) and the residuals sum_n, argmax_n, max_n
+    (forward values that cost more to recompute than to save): the backward kernels recompute the values they
+    need (e) from them.
     """
     x, sum_n, argmax_n, max_n = saved
     dy = cotangents
-    dx = softmax_backward(
-        x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret
-    )
+    dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_tpu,
     triton=_softmax_gpu,
@@ -512,12 +467,7 @@ def softmax(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N].
@@ -539,14 +489,10 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
     de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True)
     de_1 = de * e
     dx_ref[...] = de_1 + jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
-        jnp.sum((-de_1), axis=1, keepdims=True),
-        0,
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n, jnp.sum((-de_1), axis=1, keepdims=True), 0
     )
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_backward_tpu_blocks = rt.TpuBlocks(
     "softmax_backward",
     sizes=("M", "N"),
@@ -557,12 +503,10 @@ _softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
-    """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n
-    # 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy
-    # of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B. Blocks that need more than
-    # Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
+    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
+    # 32 B + let de_1 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -577,24 +521,18 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=15 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n,
+            flops=15 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="softmax_backward",
     )(x, sum_n, argmax_n, max_n, dy)
 
 
-def _softmax_backward_gpu_kernel(
-    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n
-):
+def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -604,9 +542,7 @@ def _softmax_backward_gpu_kernel(
     max_n = rt.load(max_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
-    de = dy / sum_n + jnp.sum(
-        rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
-    )
+    de = dy / sum_n + jnp.sum(rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True)
     de_1 = de * e
     rt.store(
         dx_ref,
@@ -620,17 +556,11 @@ def _softmax_backward_gpu_kernel(
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
-def _softmax_backward_gpu(
-    x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
-):
-    """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -639,8 +569,8 @@ def _softmax_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
@@ -677,9 +607,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0])
     sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
-    rt.mgpu_copy_in(
-        argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
-    )
+    rt.mgpu_copy_in(argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1])
     argmax_n = rt.mgpu_load_vector(argmax_n_smem, 0)
     rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
@@ -691,17 +619,10 @@ def _softmax_backward_mosaic_gpu_kernel(
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = (
-            -dy
-            * e
-            / (
-                rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-                * rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-            )
+            -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0))
         )
         if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
-            )
+            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -720,15 +641,11 @@ def _softmax_backward_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
-            sum_over_n, (block_m, block_n), 0
-        )
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         sum_n_2_block = -de_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_2_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0
-            )
+            sum_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0)
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
         return (sum_n_2_running,)
 
@@ -746,23 +663,19 @@ def _softmax_backward_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
-            sum_over_n, (block_m, block_n), 0
-        )
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         dx_buffers[slot] = de_1 + jnp.where(
-            rt.mgpu_positions(start, (block_m, block_n), 1)
-            == rt.mgpu_spread(argmax_n, (block_m, block_n), 0),
+            rt.mgpu_positions(start, (block_m, block_n), 1) == rt.mgpu_spread(argmax_n, (block_m, block_n), 0),
             rt.mgpu_spread(sum_n_2, (block_m, block_n), 0),
             0,
         )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -775,17 +688,13 @@ def _softmax_backward_mosaic_gpu_kernel(
 
 
 def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
-    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
-    argmax_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,))
-    max_n, dy = rt.mgpu_pad(max_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
+    argmax_n, max_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=3),
@@ -802,14 +711,14 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "sum_n": (jnp.float32, ("M",), ("M", 1)),
-        "argmax_n": (jnp.int32, ("M",), ("M", 1)),
-        "max_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.float32, ("M", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=(
+        "x: f32[M, N]",
+        "sum_n: f32[M] as [M, 1]",
+        "argmax_n: i32[M] as [M, 1]",
+        "max_n: f32[M] as [M, 1]",
+        "dy: f32[M, N]",
+    ),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_backward_tpu,
     triton=_softmax_backward_gpu,
@@ -825,12 +734,7 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
       argmax_n: i32[M].
       max_n: f32[M].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _softmax_backward_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       dx: f32[M, N].
@@ -858,8 +762,6 @@ def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
     y_ref[...] = x - logsumexp_n
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "log_softmax_with_residuals",
     sizes=("M", "N"),
@@ -870,11 +772,9 @@ _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n
-    # 32 B) + logsumexp's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default
-    # raise the limit.
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
+    # 32-bit copy of a block 32 B.
     return pl.pallas_call(
         _log_softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -889,12 +789,9 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n),
         interpret=interpret,
         name="log_softmax_with_residuals",
     )(x)
@@ -902,7 +799,6 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
 
 def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -912,15 +808,11 @@ def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, 
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_with_residuals_gpu_options = {None: (1, None, 1)}
 
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -929,8 +821,8 @@ def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, 
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -959,9 +851,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
         logsumexp_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             logsumexp_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n,
-                logsumexp_over_n_block,
-                -jnp.inf,
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_over_n_block, -jnp.inf
             )
         logsumexp_over_n_running, logsumexp_over_n_index = rt.mgpu_logsumexp_step(
             logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
@@ -973,18 +863,13 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
     logsumexp_over_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
     logsumexp_n = logsumexp_over_n
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)]
-    )
+    plgpu.copy_smem_to_gmem(logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem):
         start = indices[0] * block_n
@@ -1008,23 +893,16 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 
 
 def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
-    backend: the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
-        functools.partial(
-            _log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.float32),
-        ],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1033,8 +911,8 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N")), "logsumexp_n": (jnp.float32, ("M",), ("M", 1))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_with_residuals_tpu,
     triton=_log_softmax_with_residuals_gpu,
@@ -1046,12 +924,7 @@ def log_softmax_with_residuals(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N]; logsumexp_n: f32[M].
@@ -1069,8 +942,6 @@ def _log_softmax_kernel(x_ref, y_ref):
     y_ref[...] = x - rt.logsumexp(x, 1)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_tpu_blocks = rt.TpuBlocks(
     "log_softmax",
     sizes=("M", "N"),
@@ -1081,10 +952,9 @@ _log_softmax_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
-    """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's 32-bit copy of a
+    # block 32 B.
     return pl.pallas_call(
         _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1095,9 +965,7 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n)
         ),
-        cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n
-        ),
+        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="log_softmax",
     )(x)
@@ -1105,7 +973,6 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1113,15 +980,11 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
     rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_gpu_options = {None: (1, None, 1)}
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1130,8 +993,8 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
@@ -1164,10 +1027,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
     logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
 
@@ -1193,8 +1053,6 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
 
 
 def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend: the
-    operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
@@ -1210,10 +1068,10 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
-    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
-    the backward kernels recompute the values they need from them.
+    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
+    kernels log_softmax_backward. The forward pass saves its inputs (x) and the residuals logsumexp_n (forward
+    values that cost more to recompute than to save): the backward kernels recompute the values they need from
+    them.
     """
     x, logsumexp_n = saved
     dy = cotangents
@@ -1222,8 +1080,8 @@ def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 
 @rt.kernel(
-    inputs={"x": (jnp.float32, ("M", "N"))},
-    outputs={"y": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]",),
+    outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_tpu,
     triton=_log_softmax_gpu,
@@ -1237,18 +1095,12 @@ def log_softmax(x):
 
     Args:
       x: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       y: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
-    (_log_softmax_vjp).
+    Gradients: jax.grad runs the generated backward kernels log_softmax_backward (_log_softmax_vjp).
     """
     y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
     return y
@@ -1261,8 +1113,6 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
-# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "log_softmax_backward",
     sizes=("M", "N"),
@@ -1273,11 +1123,9 @@ _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
-    """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy
-    # 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's
-    # default raise the limit.
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
+    # sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         _log_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1290,13 +1138,10 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n,
+            flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="log_softmax_backward",
@@ -1305,7 +1150,6 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
 
 def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
@@ -1314,24 +1158,16 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     dy = rt.load(dy_ref, inside)
     rt.store(
         dx_ref,
-        dy
-        + jnp.sum(rt.fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
-        * jnp.exp(x - logsumexp_n),
+        dy + jnp.sum(rt.fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n),
         inside,
     )
 
 
-# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call that passes
-# none, by device kind: those `pallasgen tune --gpu` timed best at the sizes (M, N) shown (the
-# spec's .tuning.json file), the nearest entry winning; None: any other GPU (the spec's).
-# rt.triton_options clamps the blocks (a small dimension: one masked block).
+# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
-def _log_softmax_backward_gpu(
-    x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
-):
-    """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
@@ -1340,8 +1176,8 @@ def _log_softmax_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
+        # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
@@ -1357,22 +1193,10 @@ def _log_softmax_backward_gpu(
 
 
 def _log_softmax_backward_mosaic_gpu_kernel(
-    x_ref,
-    logsumexp_n_ref,
-    dy_ref,
-    dx_ref,
-    barrier,
-    logsumexp_n_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, logsumexp_n_ref, dy_ref, dx_ref, barrier, logsumexp_n_smem, dx_buffers, *, block_m, block_n, n
 ):
     program_m = jax.lax.axis_index("M")
-    rt.mgpu_copy_in(
-        logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
-    )
+    rt.mgpu_copy_in(logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
     def reduce_1(indices, dy_smem, carry):
@@ -1381,9 +1205,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = -dy
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
-            )
+            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1408,8 +1230,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
-            dx_buffers.at[slot],
-            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+            dx_buffers.at[slot], dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
         )
 
     plgpu.emit_pipeline(
@@ -1422,17 +1243,12 @@ def _log_softmax_backward_mosaic_gpu_kernel(
 
 
 def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
-    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend:
-    the operands padded with zeros to what TMA copies, the outputs sliced back."""
     block_m, block_n = 64, 64
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    logsumexp_n = rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
+    x, logsumexp_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
-        functools.partial(
-            _log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
-        ),
+        functools.partial(_log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
@@ -1447,12 +1263,8 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
 
 
 @rt.kernel(
-    inputs={
-        "x": (jnp.float32, ("M", "N")),
-        "logsumexp_n": (jnp.float32, ("M",), ("M", 1)),
-        "dy": (jnp.float32, ("M", "N")),
-    },
-    outputs={"dx": (jnp.float32, ("M", "N"))},
+    inputs=("x: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]", "dy: f32[M, N]"),
+    outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_backward_tpu,
     triton=_log_softmax_backward_gpu,
@@ -1466,12 +1278,7 @@ def log_softmax_backward(x, logsumexp_n, dy):
       x: f32[M, N].
       logsumexp_n: f32[M].
       dy: f32[M, N].
-      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
-        grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
-      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
+      block_m: TPU blocks (None: as _log_softmax_backward_tpu_blocks chooses; the spec's: 8).
 
     Returns:
       dx: f32[M, N].

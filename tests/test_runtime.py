@@ -97,7 +97,7 @@ FEATURES = {
         "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
         "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
         "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
-        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices"},
+        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices", "mgpu_check_whole"},
         {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
     "mosaic-gpu-product": (
@@ -415,13 +415,27 @@ def test_running_reductions_agree_with_the_whole_ones():
     np.testing.assert_allclose(support.softmax(x, 1), jax.nn.softmax(x, axis=1), rtol=1e-6)
 
 
+def test_a_kernel_declares_its_arrays_as_the_spec_does():
+    """`rt.kernel`'s arrays are the spec's declarations, in the spec's dtype names."""
+    assert support.declared_arrays(("x: bf16[M, K]", "bias: f32[N] as [1, N]", "s: i32[]")) == {
+        "x": (jnp.bfloat16, ("M", "K")),
+        "bias": (jnp.float32, ("N",), (1, "N")),
+        "s": (jnp.int32, ()),
+    }
+    from pallasgen.analysis.dtypes import DTYPES
+
+    assert {name: jnp.dtype(dtype) for name, dtype in support.SPEC_DTYPES.items()} == {
+        name: jnp.dtype(dtype.jnp) for name, dtype in DTYPES.items()
+    }
+
+
 def test_a_kernel_takes_params_of_their_kind_and_refuses_the_rest():
     def k_tpu(x, *, n, s, block_n, interpret):
         return x * n + s
 
     @support.kernel(
-        inputs={"x": (jnp.float32, ("N",))},
-        outputs={"y": (jnp.float32, ("N",))},
+        inputs=("x: f32[N]",),
+        outputs=("y: f32[N]",),
         sizes={"N": "size_n"},
         params={"n": jnp.int8, "s": jnp.float32},
         tpu=k_tpu,

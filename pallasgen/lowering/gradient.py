@@ -14,9 +14,9 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.gradients.derive import Gradient
 from pallasgen.analysis.names import Namer
-from pallasgen.lowering.parts import parameter_list
+from pallasgen.lowering.parts import LINE_LENGTH, parameter_list
 
-DOC_WIDTH = 88  # a docstring's lines, indented by 4 in a module black keeps to 100
+DOC_WIDTH = LINE_LENGTH - 12  # a docstring's lines, indented by 4, with room to spare
 
 
 @dataclass(frozen=True)

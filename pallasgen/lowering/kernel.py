@@ -36,12 +36,13 @@ class ArrayPlan:
 
     @property
     def declared(self) -> str:
-        """What the public function's `rt.kernel` says of it: (dtype, dimensions), and the
-        layout where the kernels hold it otherwise (`expand`, `restore`)."""
-        parts = [self.dtype, tuple_code([f'"{d}"' for d in self.dims])]  # dimensions are identifiers
+        """What the public function's `rt.kernel` says of it (`rt.declared_arrays`): its
+        declaration in the spec ("x: bf16[M, K]"), then the layout where the kernels hold it
+        otherwise (`expand`, `restore`): " as [1, N]"."""
+        declared = f"{self.spec_name}: {self.spec_dtype}[{', '.join(self.dims)}]"
         if self.expand or self.restore:
-            parts.append(tuple_code(["1" if d is None else f'"{d}"' for d in self.layout]))
-        return f"({', '.join(parts)})"
+            declared += f" as [{', '.join('1' if d is None else d for d in self.layout)}]"
+        return declared
 
 
 @dataclass(frozen=True)

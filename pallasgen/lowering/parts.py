@@ -7,6 +7,9 @@ from pallasgen.analysis.product import Product
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 
 ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
+# Black's line length for generated code (the project's own); every width a plan wraps
+# comments and docstrings to, or fits code into, is counted back from it.
+LINE_LENGTH = 120
 
 
 def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:

@@ -10,8 +10,9 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list
 
-# The keywords every kernel takes are documented once, in the runtime's docstring.
-INTERPRET_DOC = ("  interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).",)
+# The keywords every kernel takes are documented once, in the runtime's docstring and
+# the generated module's: a kernel's Args say only what is particular to it.
+INTERPRET_DOC: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

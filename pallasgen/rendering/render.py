@@ -10,10 +10,11 @@ import jinja2
 
 from pallasgen.backends import ModulePlan
 from pallasgen.frontend.text import escape_text
+from pallasgen.lowering.parts import LINE_LENGTH
 from pallasgen.rendering.shared import share_identical_functions
 
 BLACK_MODE = black.Mode(
-    line_length=100,
+    line_length=LINE_LENGTH,
     target_versions={black.TargetVersion.PY311},
     magic_trailing_comma=False,
 )
@@ -32,6 +33,8 @@ def _environment() -> jinja2.Environment:
     )
     environment.filters["pyrepr"] = python_literal
     environment.filters["docstring"] = docstring
+    environment.filters["pyrepr_tuple"] = lambda items: python_literal(tuple(items))
+    environment.globals["line_length"] = LINE_LENGTH
     return environment
 
 

@@ -159,6 +159,16 @@ def row_warps(values):
     return max(4, min(32, values // 1024))
 
 
+def mgpu_check_whole(kernel, dim, size, block, most):
+    """Refuses a dimension of `size` that Mosaic GPU would hold whole in one `block` (its
+    size padded to what TMA copies) larger than `most`, before anything compiles."""
+    if block > most:
+        raise ValueError(
+            f'{kernel}: gpu_backend="mosaic_gpu" holds {dim} whole, up to {most}; got {dim}={size}'
+            ' (use gpu_backend="triton")'
+        )
+
+
 def mgpu_check_choices(kernel, dims, chosen, depths, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
     `chosen` are a product's blocks of its M, N and K (`dims`, the kernel's names of
@@ -438,11 +448,12 @@ def on_platform(
 def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residuals=None, **launchers):
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
-    launching its kernels takes. See `Kernel`."""
+    launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
+    `declared_arrays`), the rest as `Kernel` takes them."""
     return functools.partial(
         Kernel,
-        inputs=inputs,
-        outputs=outputs,
+        inputs=declared_arrays(inputs),
+        outputs=declared_arrays(outputs),
         sizes=sizes,
         params=params or {},
         launchers=launchers,
@@ -450,6 +461,38 @@ def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residua
         saves=saves,
         residuals=residuals,
     )
+
+
+# The spec's dtypes, by the names it gives them (analysis.dtypes.DTYPES: a test checks the two agree).
+SPEC_DTYPES = {
+    "f32": jnp.float32,
+    "bf16": jnp.bfloat16,
+    "f16": jnp.float16,
+    "i32": jnp.int32,
+    "i16": jnp.int16,
+    "i8": jnp.int8,
+    "u8": jnp.uint8,
+    "bool": jnp.bool_,
+}
+
+
+def declared_arrays(declared):
+    """A kernel's arrays, each declared as the spec declares it ("x: bf16[M, K]"), then
+    " as [LAYOUT]" where the kernels hold it with size 1 along dimensions it lacks, as
+    `Kernel` takes them: "bias: f32[N] as [1, N]" -> {"bias": (jnp.float32, ("N",), (1, "N"))}."""
+
+    def dims(text):
+        return tuple(int(d) if d.isdigit() else d for d in text.split(", ") if d)
+
+    arrays = {}
+    for array in declared:
+        name, _, rest = array.partition(": ")
+        dtype, _, rest = rest.partition("[")
+        own, _, layout = rest.partition("]")
+        arrays[name] = (SPEC_DTYPES[dtype], dims(own))
+        if layout:
+            arrays[name] += (dims(layout.removeprefix(" as [").removesuffix("]")),)
+    return arrays
 
 
 class Kernel:

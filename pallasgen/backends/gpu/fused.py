@@ -23,7 +23,6 @@ from pallasgen.backends.gpu.plan import (
     dispatch_arguments,
     kernel_function_name,
     launcher_name,
-    MASKS_COMMENT,
     comments_above,
     launcher_parameters,
     mentioned,
@@ -33,7 +32,7 @@ from pallasgen.backends.gpu.plan import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import parameter_list, partial_call, tuple_code
+from pallasgen.lowering.parts import LINE_LENGTH, parameter_list, partial_call, tuple_code
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
@@ -191,14 +190,14 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         prologue=(),
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), 84)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=(*read_line, MASKS_COMMENT, *masks),
+        masks=(*read_line, *masks),
         loop=comments_above(loop),
         body=comments_above(body),
         tiling=tiling,

@@ -21,6 +21,7 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    LINE_LENGTH,
     array_positions,
     dot_code,
     grid_names,
@@ -39,7 +40,7 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC = ("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).",)
+GPU_DOC: tuple[str, ...] = ()  # gpu_block_*, gpu_warps, gpu_stages: said once, in the module's docstring
 
 
 @dataclass(frozen=True)
@@ -107,17 +108,12 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
         key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
     chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
-    comment = (
-        f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
-        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(dims)}) shown (the spec's"
-        " .tuning.json file), the nearest entry winning; None: any other GPU (the spec's)."
-        " rt.triton_options clamps the blocks (a small dimension: one masked block)."
-    )
+    comment = f"Triton's {chosen} by GPU kind (None: the spec's) and sizes ({', '.join(dims)})."
     return {
         "tuned": tuple(tuned.items()),
         "chosen": chosen,
         "call_sizes": tuple_code([sizes[d] for d in dims]),
-        "options_comment": tuple(textwrap.wrap(comment, 96)),
+        "options_comment": tuple(textwrap.wrap(comment, LINE_LENGTH - 4)),
     }
 
 
@@ -158,7 +154,6 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     ]
 
 
-MASKS_COMMENT = "# Which positions of this program's blocks lie inside the arrays (None: no edge)."
 
 
 def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
@@ -176,7 +171,7 @@ def comments_above(lines, indent: int = 4) -> tuple[str, ...]:
     out = []
     for line in lines:
         code, _, comment = line.partition("  # ")
-        if comment and indent + len(line) > 100 and "#" not in code and code.count('"') % 2 == 0:
+        if comment and indent + len(line) > LINE_LENGTH and "#" not in code and code.count('"') % 2 == 0:
             out += [f"{code[: len(code) - len(code.lstrip())]}# {comment}", code]
         else:
             out.append(line)
@@ -329,14 +324,14 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         prologue=prologue,
         **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=(*read_line, MASKS_COMMENT, *masks),
+        masks=(*read_line, *masks),
         loop=comments_above(loop),
         body=comments_above(body),
         tiling=tiling,

@@ -504,9 +504,7 @@ class FusedPlanner:
         for d in self.whole:
             lines += [
                 f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
-                f"if {block_keyword(d)} > {WIDEST}:",
-                f'    raise ValueError(f\'{kernel.name}: gpu_backend="mosaic_gpu" holds {d} whole, up to {WIDEST};'
-                f' got {d}={{{sizes[d]}}} (use gpu_backend="triton")\')',
+                f'rt.mgpu_check_whole("{kernel.name}", "{d}", {sizes[d]}, {block_keyword(d)}, {WIDEST})',
             ]
         padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
         for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own

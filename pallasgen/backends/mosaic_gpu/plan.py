@@ -45,7 +45,14 @@ from pallasgen.backends.mosaic_gpu.support import (
 )
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
-from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
+from pallasgen.lowering.parts import (
+    LINE_LENGTH,
+    body_statements,
+    layout_of,
+    load_statements,
+    parameter_list,
+    tuple_code,
+)
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 from pallasgen.runtime.constants import GPU_BACKENDS  # the values `gpu_backend` takes
@@ -78,17 +85,14 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True) -> KeywordGr
     (only `with_triton`, in a module that has Triton kernels too); and a product's
     `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen at call time."""
     reason = refusal(checked)
-    doc = []
-    if with_triton:
-        doc += [f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in)."]
+    doc = []  # what gpu_backend means is said once, in the module's docstring
     if reason:
         said = (
             f"This kernel runs on Triton either way: {reason}."
             if with_triton
             else f"This kernel has no GPU kernel (the module has no Triton kernels): {reason}."
         )
-        first = "    " if with_triton else "  "  # under gpu_backend's line, or a line of its own
-        doc += textwrap.wrap(said, 88, initial_indent=first, subsequent_indent="    ")
+        doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         doc += [
@@ -115,7 +119,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicG
     if reason:
         instead = "it runs on Triton" if with_triton else "without the triton target, it has no GPU kernel"
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): {instead}."
-        comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
+        comment = tuple(textwrap.wrap(refused, LINE_LENGTH - 14, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn
         return _plan_stages(lowered)
@@ -508,17 +512,15 @@ class _ProductPlanner(_Planner):
             key = tuple(dict(entry.sizes)[d] for d in checked.dims)
             tuned.setdefault(entry.chip, {})[key] = tuple_code([str(values[w]) for w in what.values()])
         comment = (
-            f"Mosaic GPU blocks and pipeline stages ({', '.join(chosen.values())}) for a call that passes none,"
-            f" by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes"
-            f" ({', '.join(checked.dims)}) shown (the spec's .tuning.json file), the entry nearest the call's"
-            " sizes winning. None: any other GPU (the built-in ones)."
+            f"Mosaic GPU's {', '.join(chosen.values())} by GPU kind (None: built in) and sizes"
+            f" ({', '.join(checked.dims)})."
         )
         rows = [f"None: {tuple_code([str(built_in[w]) for w in what.values()])}"]
         for kind, entries in tuned.items():
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
         return (
-            *textwrap.wrap(comment, 98, initial_indent="# ", subsequent_indent="# "),
+            *textwrap.wrap(comment, LINE_LENGTH - 2, initial_indent="# ", subsequent_indent="# "),
             f"{self.table_name} = {{{', '.join(rows)}}}",
         )
 

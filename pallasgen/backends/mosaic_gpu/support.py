@@ -16,6 +16,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.backends.mosaic_gpu.fused_support import fused_problem
 from pallasgen.frontend import ir
+from pallasgen.lowering.parts import LINE_LENGTH
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
@@ -54,7 +55,7 @@ def program_lines(program: dict[str, str]) -> list[str]:
     name), in one assignment where that fits a line of the kernel's body."""
     names, values = list(program.values()), [f"jax.lax.axis_index({d!r})" for d in program]
     line = f"{', '.join(names)} = {', '.join(values)}"
-    return [line] if len(line) <= 96 else [f"{n} = {v}" for n, v in zip(names, values)]
+    return [line] if len(line) <= LINE_LENGTH - 4 else [f"{n} = {v}" for n, v in zip(names, values)]
 
 
 def spec_list(specs) -> str:
@@ -65,7 +66,7 @@ def spec_list(specs) -> str:
     return f"[{', '.join(specs)}]"
 
 
-def compact(lines: list[str], width: int = 96) -> list[str]:
+def compact(lines: list[str], width: int = LINE_LENGTH - 4) -> list[str]:
     """Assignments (`name = value`, one a line, in order) in fewer lines, as the same
     values computed in the same order: a value assigned and then only passed on once
     is written where it is passed (`x = f(x)` after `x = g(x)`: `x = f(g(x))`), and

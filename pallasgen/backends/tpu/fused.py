@@ -25,7 +25,6 @@ from pallasgen.backends.tpu.plan import (
     TpuPlan,
     block_keywords,
     block_table,
-    block_table_name,
     grid_comment,
     kernel_function_name,
     launcher_name,
@@ -485,12 +484,4 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords of a fused kernel, and their docstring lines."""
-    table = block_table_name(checked.kernel.name)
-    return block_keywords(
-        checked,
-        tunable_dims(checked),
-        lambda defaults: (
-            f"    are tuned for the TPU and sizes ({table}), or grown to large steps",
-            f"    (rt.grown), else {defaults}.",
-        ),
-    )
+    return block_keywords(checked, tunable_dims(checked))

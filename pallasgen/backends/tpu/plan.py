@@ -30,6 +30,7 @@ from pallasgen.backends.tpu.tiling import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    LINE_LENGTH,
     array_positions,
     grid_names,
     body_statements,
@@ -45,8 +46,6 @@ from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
-
-LINE_LENGTH = 100  # black's, for the generated code
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,6 @@ class BlockTable:
     (an `rt.TpuBlocks`, which `rt.tpu_blocks` reads)."""
 
     name: str  # the module-level constant
-    comment: tuple[str, ...]
     table: str  # its `rt.TpuBlocks(...)`
     choice: str  # the launcher's line that chooses, clamps and checks its blocks
 
@@ -149,27 +147,21 @@ def grows_blocks(checked: CheckedKernel) -> bool:
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
-    table = block_table_name(checked.kernel.name)
-    return block_keywords(
-        checked,
-        tunable_dims(checked),
-        lambda defaults: (
-            f"    are tuned for the TPU and sizes, or the TPU's defaults ({table}),",
-            f"    {'grown to large steps (rt.grown), ' if grows_blocks(checked) else ''}else {defaults}.",
-        ),
-    )
+    return block_keywords(checked, tunable_dims(checked))
 
 
-def block_keywords(checked: CheckedKernel, tunable, chosen) -> KeywordGroup:
-    """The public keywords `block_*` of the `tunable` dimensions, and their docstring:
-    `chosen(defaults)` gives the lines that say how a block not given is chosen."""
+def block_keywords(checked: CheckedKernel, tunable) -> KeywordGroup:
+    """The public keywords `block_*` of the `tunable` dimensions, and their line of the
+    docstring: what the module's docstring says of every kernel's, less its table and
+    the spec's blocks."""
     keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
     if not tunable:
         return KeywordGroup(keywords, ())
     names = ", ".join(block_keyword(d) for d in tunable)
     defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    first = f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given"
-    return KeywordGroup(keywords, (first, *chosen(defaults)))
+    said = f"{names}: TPU blocks (None: as {block_table_name(checked.kernel.name)} chooses; the spec's: {defaults})."
+    lines = textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
+    return KeywordGroup(keywords, tuple(lines))
 
 
 def block_table_name(kernel: str) -> str:
@@ -215,15 +207,9 @@ def block_table(
     ]
     fields += [f"step=lambda {', '.join(size_names + keywords)}: {step}"] if step else []
     fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
-    otherwise = "None's (the spec's), grown on a known chip" if step else "its default, else None's (the spec's)"
-    comment = (
-        "TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's"
-        f" sizes, else {otherwise}. tiling: Mosaic's rule for each block."
-    )
     name = block_table_name(checked.kernel.name)
     return BlockTable(
         name,
-        wrap(comment, 0),
         f"rt.TpuBlocks({', '.join(fields)})",
         f"{tuple_code(keywords)} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {tuple_code(keywords)})",
     )
@@ -500,11 +486,11 @@ def grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) 
 
 def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "") -> str:
     """The VMEM at the default blocks, and every part of it; then the `limit` the launcher
-    asks for, by default the call's blocks' (`rt.vmem_limit`)."""
+    asks for where it is not the call's blocks' (`rt.vmem_limit`, which the code says)."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
-    limit = limit or "Blocks that need more than Mosaic's default raise the limit."
-    return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}. {limit}"
+    said = f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}."
+    return f"{said} {limit}" if limit else said
 
 
 def vmem_needed_code(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
