@@ -385,8 +385,19 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     """An array's blocks; with `live`, a block of the swept dimension that a step skips
     is block 0."""
     fused = checked.frame
+    own = array_axes(decl, fused)
     axes = []
-    for dim in array_axes(decl, fused):
+    product = checked.product
+    if checked.fused is None and product is not None and decl.name not in {o.name for o in product.operands}:
+        # A single product's other arrays are laid out over the output's dimensions (the
+        # public function reshapes them so): each batch dimension an axis, squeezed, of
+        # size 1 where the array lacks it.
+        axes = [
+            BlockAxis(d, "squeezed", index_names[d]) if d in decl.dims else BlockAxis(None, "squeezed", None)
+            for d in fused.batch
+        ]
+        own = own[len([d for d in decl.dims if d in fused.batch]) :]
+    for dim in own:
         if dim in fused.batch:
             axes.append(BlockAxis(dim, "squeezed", index_names[dim]))
         elif dim is None:
