@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from kernel_cases import generated_module  # noqa: E402
-from pallasgen.devices import bench, runner  # noqa: E402
+from pallasgen.devices import bench, cudnn, runner  # noqa: E402
 from pallasgen.workspace.pipeline import check_source  # noqa: E402
 
 SQUARE = {4096: dict(M=4096, N=4096, K=4096), 8192: dict(M=8192, N=8192, K=8192)}
@@ -147,12 +147,12 @@ def time_row(row, repeats: int, tiny: bool, on_gpu: bool) -> dict:
             timed[path] = call
         except Exception as error:  # noqa: BLE001 - every failure is a cell of the table
             errors[path] = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    baseline = bench._cudnn_baseline(checked, inputs, function) if on_gpu else None
+    baseline = cudnn.checked_baseline(checked, inputs, function) if on_gpu else None
     if isinstance(baseline, str):
         errors["cuDNN"] = baseline
     elif baseline is not None:
         if grad:
-            cudnn_pass, cotangent = bench._cudnn_with_backward(baseline)
+            cudnn_pass, cotangent = cudnn.with_backward(baseline)
             timed["cuDNN"] = lambda: cudnn_pass(baseline.arrays, cotangent)
         else:
             timed["cuDNN"] = lambda: baseline.function(*baseline.arrays)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel_cases import generated_module
 from pallasgen.devices import bench, runner
 from pallasgen.devices.cudnn import agrees, cudnn_attention
 from pallasgen.workspace.pipeline import check_source
@@ -99,11 +100,6 @@ def test_bench_reports_why_cudnn_is_missing_where_it_cannot_run():
     checked = bundled("attention.pallas", "attention_full")
     sizes = dict(B=1, H=1, S=16, T=16, D=8)
     inputs = runner.random_inputs(checked, sizes, 0)
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from kernel_cases import generated_module
-
     timing = bench.time_kernel(generated_module("attention"), checked, sizes, inputs, 1, {}, cudnn=True)
     assert timing.cudnn_seconds is None and timing.cudnn_note.startswith("no cuDNN: ")
     assert timing.cudnn_note in bench.describe(timing, "cpu")

@@ -99,7 +99,9 @@ def time_kernel(
     name = checked.kernel.name
     kernel = functools.partial(getattr(module, name), **options)
     reference = getattr(module, name).reference
-    baseline = _cudnn_baseline(checked, inputs, kernel) if cudnn else None
+    from pallasgen.devices import cudnn as cudnn_baseline
+
+    baseline = cudnn_baseline.checked_baseline(checked, inputs, kernel) if cudnn else None
     note = baseline if isinstance(baseline, str) else ""
     baseline = None if isinstance(baseline, str) else baseline
     if cotangents is None:
@@ -112,39 +114,10 @@ def time_kernel(
     kernel, reference = (jax.jit(with_backward(f, checked)) for f in (kernel, reference))
     timed = [lambda: kernel(inputs, cotangents), lambda: reference(inputs, cotangents)]
     if baseline is not None:
-        cudnn_pass, cudnn_cotangent = _cudnn_with_backward(baseline)
+        cudnn_pass, cudnn_cotangent = cudnn_baseline.with_backward(baseline)
         timed.append(lambda: cudnn_pass(baseline.arrays, cudnn_cotangent))
     seconds = time_alternating(timed, repeats) + [None]
     return Timing(f"{name} forward+backward", sizes, *seconds[:2], 0, 0, cudnn_seconds=seconds[2], cudnn_note=note)
-
-
-def _cudnn_baseline(checked: CheckedKernel, inputs, kernel):
-    """cuDNN's attention on the kernel's inputs where it computes the kernel's output;
-    else why not (a string), or None for a kernel that is no attention."""
-    from pallasgen.devices import cudnn
-
-    found = cudnn.cudnn_attention(checked, inputs)
-    if isinstance(found, str):
-        return None if found == "not an attention kernel" else f"no cuDNN: {found}"
-    try:
-        outputs = kernel(*inputs)
-        same = cudnn.agrees(found, outputs if isinstance(outputs, tuple) else (outputs,))
-    except Exception as error:  # cuDNN refuses the shape or the device: say so, time the rest
-        return f"no cuDNN: {str(error).strip().splitlines()[0][:160]}"
-    return found if same else "no cuDNN: its result differs from the kernel's (another mask or score)"
-
-
-def _cudnn_with_backward(baseline):
-    """cuDNN's forward plus backward pass (jax.vjp), and a random cotangent of its output."""
-    import jax
-
-    def forward_and_backward(arrays, cotangent):
-        output, pullback = jax.vjp(baseline.function, *arrays)
-        return output, pullback(cotangent)
-
-    shape = jax.eval_shape(baseline.function, *baseline.arrays)
-    cotangent = jax.random.normal(jax.random.key(1), shape.shape, shape.dtype)
-    return jax.jit(forward_and_backward), cotangent
 
 
 def with_backward(function, checked: CheckedKernel):

@@ -115,3 +115,30 @@ def _score_nodes(form: Attention):
     yield from ir.walk(form.score)
     for let in form.score_lets:
         yield from ir.walk(let.value)
+
+
+def checked_baseline(checked: CheckedKernel, inputs, kernel):
+    """cuDNN's attention on the kernel's inputs where it computes the kernel's output;
+    else why not (a string), or None for a kernel that is no attention."""
+    found = cudnn_attention(checked, inputs)
+    if isinstance(found, str):
+        return None if found == "not an attention kernel" else f"no cuDNN: {found}"
+    try:
+        outputs = kernel(*inputs)
+        same = agrees(found, outputs if isinstance(outputs, tuple) else (outputs,))
+    except Exception as error:  # cuDNN refuses the shape or the device: say so, time the rest
+        return f"no cuDNN: {str(error).strip().splitlines()[0][:160]}"
+    return found if same else "no cuDNN: its result differs from the kernel's (another mask or score)"
+
+
+def with_backward(baseline):
+    """cuDNN's forward plus backward pass (jax.vjp), and a random cotangent of its output."""
+    import jax
+
+    def forward_and_backward(arrays, cotangent):
+        output, pullback = jax.vjp(baseline.function, *arrays)
+        return output, pullback(cotangent)
+
+    shape = jax.eval_shape(baseline.function, *baseline.arrays)
+    cotangent = jax.random.normal(jax.random.key(1), shape.shape, shape.dtype)
+    return jax.jit(forward_and_backward), cotangent
