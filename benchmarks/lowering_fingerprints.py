@@ -1,7 +1,8 @@
 """A fingerprint of each generated kernel's lowering, to show that a refactor leaves the
 kernels as they were.
 
-For every kernel of every spec (derived backward kernels included), at the sizes
+For every kernel of every spec (derived backward kernels included; KERNEL_with_residuals:
+the kernel writing its residuals, as jax.grad runs it), at the sizes
 `pallasgen run` uses, it lowers the public function for TPU (the Mosaic kernels' own MLIR,
 read back from their custom calls), for CUDA with Triton (the tt IR) and for CUDA with
 Mosaic GPU, with debug locations left out, and prints a hash of each as JSON; and under
@@ -104,16 +105,20 @@ def fingerprints(root: Path, stems: list[str]) -> dict[str, str]:
             arrays = random_inputs(checked, sizes, seed=0)
             shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
             function = getattr(module, checked.kernel.name)
-            for name, lowering in LOWERINGS.items():
-                key = f"{spec.stem}:{checked.kernel.name}:{name}"
-                try:
-                    around, *kernels = lowering(function, arrays if name == "mosaic_gpu" else shapes)
-                except Exception as error:  # a refusal is part of the fingerprint too
-                    found[key] = f"error: {type(error).__name__}: {error}"[:200]
-                    continue
-                found[key] = _hash("\n".join(kernels))
-                if around:
-                    found[f"{key}:around"] = _hash(around)
+            calls = {checked.kernel.name: function}
+            if checked.gradient is not None and checked.gradient.saving is not None:  # as jax.grad runs it
+                calls[f"{checked.kernel.name}_with_residuals"] = function.with_residuals
+            for called, call in calls.items():
+                for name, lowering in LOWERINGS.items():
+                    key = f"{spec.stem}:{called}:{name}"
+                    try:
+                        around, *kernels = lowering(call, arrays if name == "mosaic_gpu" else shapes)
+                    except Exception as error:  # a refusal is part of the fingerprint too
+                        found[key] = f"error: {type(error).__name__}: {error}"[:200]
+                        continue
+                    found[key] = _hash("\n".join(kernels))
+                    if around:
+                        found[f"{key}:around"] = _hash(around)
     return found
 
 

@@ -1,6 +1,6 @@
 """A product kernel's forward plus backward pass, by compiler estimate: each kernel that
-`jax.grad` runs (NAME_with_residuals, or NAME itself where nothing is saved, then its
-backward kernels), compiled alone at the blocks a call takes on the chip (the spec's
+`jax.grad` runs (NAME, writing its residuals where it saves some, then its backward
+kernels), compiled alone at the blocks a call takes on the chip (the spec's
 tuning file), and their sum. Run by hand on any machine (no TPU needed):
 
     python benchmarks/product_backward_estimates.py --chip v5e --kernel matmul_bias_gelu
@@ -38,14 +38,17 @@ def main() -> None:
     spec = ROOT / "specs" / "matmul.pallas"
     (checked,) = [k for k in check_source(spec.read_text(encoding="utf-8"), str(spec)) if k.kernel.name == args.kernel]
     gradient = checked.gradient
-    kernels = [gradient.saving or checked, *(b.checked for b in gradient.kernels)]
+    kernels = [checked, *(b.checked for b in gradient.kernels)]
     path = ROOT / "generated" / "matmul.py"
     module = load_module(path.read_text(encoding="utf-8"), path)
     with tempfile.TemporaryDirectory() as profile_dir:
         estimator = Estimator(args.chip, Path(profile_dir))
         total = 0
         for kernel in kernels:
-            function = functools.partial(getattr(module, kernel.kernel.name), interpret=False)
+            function = getattr(module, kernel.kernel.name)
+            if kernel is checked and gradient.saving is not None:
+                function = function.with_residuals
+            function = functools.partial(function, interpret=False)
             cycles, _ = estimator.op_cycles(function, arguments(kernel, sizes, estimator.sharding))
             total += sum(cycles.values())
             print(f"{kernel.kernel.name}: {sum(cycles.values()):,} cycles", flush=True)

@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -2457,7 +2462,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     return dk, dv
 
 
-def _attention_full_with_residuals_kernel(
+def _attention_full_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
@@ -2500,25 +2505,31 @@ def _attention_full_with_residuals_kernel(
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        if lse_ref is not None:
+            lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "attention_full_with_residuals",
+_attention_full_tpu_blocks = rt.TpuBlocks(
+    "attention_full",
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
-    step=lambda b, h, s, d, t, block_s, block_t: (block_s * block_t, 12 * block_s * d + 8 * block_t * d + 16 * block_s),
+    step=lambda b, h, s, d, t, block_s, block_t, residuals: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+    ),
     bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
 )
 
 
-def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
+def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, residuals, interpret):
+    block_s, block_t = rt.tpu_blocks(
+        _attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t), residuals=residuals
+    )
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
+        functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
@@ -2529,11 +2540,12 @@ def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32) if residuals else None,  # lse
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
@@ -2542,19 +2554,21 @@ def _attention_full_with_residuals_tpu(q, k, v, *, b, h, s, d, t, block_s, block
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
+            vmem_limit_bytes=rt.vmem_limit(
+                12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * b * h * s * d * t,
+            flops=4 * b * h * s * d * t,
             transcendentals=b * h * s * t + b * h * s,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d + 4 * b * h * s,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d + (4 * b * h * s if residuals else 0),
         ),
         interpret=interpret,
-        name="attention_full_with_residuals",
+        name="attention_full",
     )(q, k, v)
 
 
-def _attention_full_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale):
+def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
     in_d = rt.inside(0, block_d, d)
@@ -2602,22 +2616,23 @@ def _attention_full_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_re
     )
     acc_t_2 = acc_t / sum_exp_t
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
+    if lse_ref is not None:
+        rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
 # Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
-_attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+_attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _attention_full_with_residuals_gpu(
-    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+def _attention_full_gpu(
+    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
 ):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_with_residuals_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
+        _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(_attention_full_with_residuals_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
+        functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(s, block_s)),
@@ -2628,19 +2643,20 @@ def _attention_full_with_residuals_gpu(
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32) if residuals else None,  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="attention_full_with_residuals",
+        name="attention_full",
     )(q, k, v)
 
 
-def _attention_full_with_residuals_mosaic_gpu_kernel(
+def _attention_full_mosaic_gpu_kernel(
     q_ref,
     k_ref,
     v_ref,
@@ -2705,27 +2721,24 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out(
-        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+    if lse_ref is not None:
+        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
-def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
+def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    rt.mgpu_check_whole("attention_full_with_residuals", "D", d, block_d, 256)
+    rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
-        functools.partial(
-            _attention_full_with_residuals_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale
-        ),
+        functools.partial(_attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
@@ -2739,323 +2752,7 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
-
-
-@rt.kernel(
-    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
-    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
-    sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
-    params={"scale": jnp.float32},
-    tpu=_attention_full_with_residuals_tpu,
-    triton=_attention_full_with_residuals_gpu,
-    mosaic_gpu=_attention_full_with_residuals_mosaic_gpu,
-)
-def attention_full_with_residuals(q, k, v, *, scale=0.125):
-    """`attention_full` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      block_s, block_t: TPU blocks (None: as _attention_full_with_residuals_tpu_blocks chooses; the spec's: 128,
-        128).
-      scale: a static f32 (default 0.125).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
-    """
-    b = q.shape[0]
-    h = q.shape[1]
-    s = q.shape[2]
-    d = q.shape[3]
-    t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(
-                jax.nn.softmax(
-                    (
-                        jnp.expand_dims(
-                            jnp.einsum(
-                                "bhsd,bhdt->bhst",
-                                jnp.squeeze(q, (4,)),
-                                jnp.squeeze(k, (2,)),
-                                preferred_element_type=jnp.float32,
-                            ),
-                            (3,),
-                        )
-                        * scale
-                    ),
-                    axis=4,
-                ),
-                (3,),
-            ),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(
-        (
-            jnp.expand_dims(
-                jnp.einsum(
-                    "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-                ),
-                (3,),
-            )
-            * scale
-        ),
-        axis=4,
-        keepdims=True,
-    )
-    o = o.reshape((b, h, s, d))
-    lse = lse.reshape((b, h, s))
-    return o, lse
-
-
-def _attention_full_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale):
-    t_start = pl.program_id(3) * block_t
-    step = pl.program_id(3)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
-    max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-    max_t_previous = max_t_ref[...]
-    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-    max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale - max_t_shift
-    )
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(3) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-_attention_full_tpu_blocks = rt.TpuBlocks(
-    "attention_full",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, s, d, t, block_s, block_t: (block_s * block_t, 12 * block_s * d + 8 * block_t * d + 8 * block_s),
-    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
-)
-
-
-def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
-    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
-    return pl.pallas_call(
-        functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
-        # independent (parallel); steps along T accumulate in order (arbitrary).
-        grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
-        ],
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
-        scratch_shapes=[
-            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * b * h * s * d * t,
-            transcendentals=b * h * s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d,
-        ),
-        interpret=interpret,
-        name="attention_full",
-    )(q, k, v)
-
-
-def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, s, d, t, block_t, scale):
-    block_s, block_d = o_ref.shape
-    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
-    in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-        max_t, sum_exp_t, acc_t = running
-        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-            - max_t_shift
-        )
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
-        0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
-    )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-
-
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
-_attention_full_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _attention_full_gpu(q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
-        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s, block_s)),
-        in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-        ],
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-        out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="attention_full",
-    )(q, k, v)
-
-
-def _attention_full_mosaic_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, h, s, t, block_t, scale
-):
-    block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-        max_t, sum_exp_t, acc_t = carry
-        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
-        )
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
-
-
-def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
-    block_s, block_t = 64, 64
-    block_d = d + -d % 64
-    rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
-    padded_s, padded_t = s + -s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(_attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale),
-        out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * h * pl.cdiv(s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :h, :s, :d].reshape((b, h, s, d))
+    return o[:b, :h, :s, :d].reshape((b, h, s, d)), (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
 
 
 def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
@@ -3085,7 +2782,7 @@ def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
     mosaic_gpu=_attention_full_mosaic_gpu,
     vjp=_attention_full_vjp,
     saves=("q", "k", "v", "o", "lse"),
-    residuals=attention_full_with_residuals,
+    residuals=("lse: f32[B, H, S] as [B, H, S, 1]",),
 )
 def attention_full(q, k, v, *, scale=0.125):
     """Attention without a mask: every query sees every key.
@@ -3870,7 +3567,7 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     return dk, dv
 
 
-def _attention_bottom_right_with_residuals_kernel(
+def _attention_bottom_right_kernel(
     q_ref,
     k_ref,
     v_ref,
@@ -3971,25 +3668,26 @@ def _attention_bottom_right_with_residuals_kernel(
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        if lse_ref is not None:
+            lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "attention_bottom_right_with_residuals",
+_attention_bottom_right_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right",
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
+    step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
         min(block_s, 256) * block_t,
-        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
     ),
     bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
 )
 
 
-def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
+def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
+        _attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t), residuals=residuals
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -4005,11 +3703,12 @@ def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, b
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
-    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written. The limit
+    # is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value
+    # pads to.
     return pl.pallas_call(
         functools.partial(
-            _attention_bottom_right_with_residuals_kernel,
+            _attention_bottom_right_kernel,
             size_s=size_s,
             t=t,
             block_s=block_s,
@@ -4028,11 +3727,12 @@ def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, b
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
@@ -4045,16 +3745,14 @@ def _attention_bottom_right_with_residuals_tpu(q, k, v, *, b, h, size_s, d, t, b
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + (4 * b * h * size_s if residuals else 0),
         ),
         interpret=interpret,
-        name="attention_bottom_right_with_residuals",
+        name="attention_bottom_right",
     )(q, k, v)
 
 
-def _attention_bottom_right_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale
-):
+def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -4111,27 +3809,23 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     )
     acc_t_2 = acc_t / sum_exp_t
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
+    if lse_ref is not None:
+        rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
 # Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
-_attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _attention_bottom_right_with_residuals_gpu(
-    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+def _attention_bottom_right_gpu(
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
 ):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_with_residuals_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
+        _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(
-            _attention_bottom_right_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
-        ),
+        functools.partial(_attention_bottom_right_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
@@ -4142,19 +3836,20 @@ def _attention_bottom_right_with_residuals_gpu(
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="attention_bottom_right_with_residuals",
+        name="attention_bottom_right",
     )(q, k, v)
 
 
-def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
+def _attention_bottom_right_mosaic_gpu_kernel(
     q_ref,
     k_ref,
     v_ref,
@@ -4228,32 +3923,26 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out(
-        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+    if lse_ref is not None:
+        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
-def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
+def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    rt.mgpu_check_whole("attention_bottom_right_with_residuals", "D", d, block_d, 256)
+    rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
-            _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
-            h=h,
-            size_s=size_s,
-            t=t,
-            block_t=block_t,
-            scale=scale,
+            _attention_bottom_right_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
         ),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
@@ -4267,412 +3956,9 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, size_s, 
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
-
-
-@rt.kernel(
-    inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
-    outputs=("o: bf16[B, H, S, D]", "lse: f32[B, H, S] as [B, H, S, 1]"),
-    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
-    params={"scale": jnp.float32},
-    tpu=_attention_bottom_right_with_residuals_tpu,
-    triton=_attention_bottom_right_with_residuals_gpu,
-    mosaic_gpu=_attention_bottom_right_with_residuals_mosaic_gpu,
-)
-def attention_bottom_right_with_residuals(q, k, v, *, scale=0.125):
-    """`attention_bottom_right` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      block_s, block_t: TPU blocks (None: as _attention_bottom_right_with_residuals_tpu_blocks chooses; the
-        spec's: 128, 128).
-      scale: a static f32 (default 0.125).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
-    """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
-    t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
-        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
-        -jnp.inf,
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), (
+        lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None
     )
-    o = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
-    ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
-    o = o.reshape((b, h, size_s, d))
-    lse = lse.reshape((b, h, size_s))
-    return o, lse
-
-
-def _attention_bottom_right_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    size_s,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
-):
-    s_start = pl.program_id(2) * block_s
-    t_start = pl.program_id(3) * block_t
-    step = pl.program_id(3)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    def _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
-        """A strip of the step's block: the refs are views of its rows and columns, which
-        start at the positions given and hold as many as its extents say."""
-        q = q_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
-        s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
-            -jnp.inf,
-        )
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t_ref[...]
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t_ref[...] = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
-            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
-        )
-
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, block_s, block_t)
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    max_t_ref.at[pl.ds(row, rows)],
-                    sum_exp_t_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
-    )
-    def _partial_block():
-        _add(partial_strips)
-
-    @pl.when(step == pl.num_programs(3) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-_attention_bottom_right_tpu_blocks = rt.TpuBlocks(
-    "attention_bottom_right",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        min(block_s, 256) * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
-def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
-    )
-
-    # A step's block of T; a skipped step's is block 0, fetched at most once.
-    def t_block(i, j):
-        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
-
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B) +
-    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
-    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
-    return pl.pallas_call(
-        functools.partial(
-            _attention_bottom_right_kernel,
-            size_s=size_s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
-        # independent (parallel); steps along T accumulate in order (arbitrary).
-        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
-        ],
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
-        scratch_shapes=[
-            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * b * h * size_s * t * d,
-            transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d,
-        ),
-        interpret=interpret,
-        name="attention_bottom_right",
-    )(q, k, v)
-
-
-def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t, scale):
-    block_s, block_d = o_ref.shape
-    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = rt.inside(0, block_d, d)
-    s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-
-        def step():
-            max_t, sum_exp_t, acc_t = running
-            k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-            v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-            s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
-                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
-                jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
-                -jnp.inf,
-            )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-            max_t_previous = max_t
-            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-            max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-            max_t = max_t_new
-            sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-            acc_t_lhs = sum_exp_t_terms
-            acc_t_rhs = v.astype(jnp.float32)
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-            return max_t, sum_exp_t, acc_t
-
-        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
-        0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
-    )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-
-
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
-_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _attention_bottom_right_gpu(
-    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
-):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(_attention_bottom_right_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
-        # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(size_s, block_s)),
-        in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-        ],
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="attention_bottom_right",
-    )(q, k, v)
-
-
-def _attention_bottom_right_mosaic_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, h, size_s, t, block_t, scale
-):
-    block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-
-        def compute():
-            max_t, sum_exp_t, acc_t = carry
-            s = jnp.where(
-                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
-                >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
-                -jnp.inf,
-            )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-            max_t_previous = max_t
-            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-            max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
-            max_t = max_t_new
-            sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-            operand = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
-            )
-            return max_t, sum_exp_t, acc_t
-
-        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
-
-
-def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    block_s, block_t = 64, 64
-    block_d = d + -d % 64
-    rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(
-            _attention_bottom_right_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
 
 
 def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
@@ -4703,7 +3989,7 @@ def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interp
     mosaic_gpu=_attention_bottom_right_mosaic_gpu,
     vjp=_attention_bottom_right_vjp,
     saves=("q", "k", "v", "o", "lse"),
-    residuals=attention_bottom_right_with_residuals,
+    residuals=("lse: f32[B, H, S] as [B, H, S, 1]",),
 )
 def attention_bottom_right(q, k, v, *, scale=0.125):
     """Causal attention aligned at the bottom right: the last query sees every key.
@@ -5781,7 +5067,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     return dk, dv
 
 
-def _gqa_with_residuals_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
+def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
@@ -5821,28 +5107,29 @@ def _gqa_with_residuals_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, s
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        if lse_ref is not None:
+            lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "gqa_with_residuals",
+_gqa_tpu_blocks = rt.TpuBlocks(
+    "gqa",
     sizes=("B", "G", "R", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 256)}},
-    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+    step=lambda b, g, r, size_s, d, t, block_s, block_t, residuals: (
         block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
     ),
     bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
 )
 
 
-def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    block_s, block_t = rt.tpu_blocks(_gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
+def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, interpret):
+    block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t), residuals=residuals)
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
+        functools.partial(_gqa_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
         # G, R, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -5855,11 +5142,12 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         out_specs=(
             # o: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
@@ -5868,19 +5156,23 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
+            vmem_limit_bytes=rt.vmem_limit(
+                12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t + b * g * r * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d + 4 * b * g * r * size_s,
+            bytes_accessed=rt.nbytes(q, k, v)
+            + 2 * b * g * r * size_s * d
+            + (4 * b * g * r * size_s if residuals else 0),
         ),
         interpret=interpret,
-        name="gqa_with_residuals",
+        name="gqa",
     )(q, k, v)
 
 
-def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
+def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t):
     block_s, block_d = o_ref.shape
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
@@ -5926,20 +5218,21 @@ def _gqa_with_residuals_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_
     )
     acc_t_2 = acc_t / sum_exp_t
     rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
+    if lse_ref is not None:
+        rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
 # Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
-_gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+_gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _gqa_with_residuals_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
+def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, residuals, interpret):
     block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_with_residuals_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
+        _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
     )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(_gqa_with_residuals_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
+        functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
         # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
         # running values.
@@ -5953,19 +5246,20 @@ def _gqa_with_residuals_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         out_specs=(
             # o: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),  # lse: f32[B, G, R, S]
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="gqa_with_residuals",
+        name="gqa",
     )(q, k, v)
 
 
-def _gqa_with_residuals_mosaic_gpu_kernel(
+def _gqa_mosaic_gpu_kernel(
     q_ref,
     k_ref,
     v_ref,
@@ -6029,25 +5323,24 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out(
-        (o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
-        (lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
-    )
+    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
+    if lse_ref is not None:
+        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
 
 
-def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
+def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
-    rt.mgpu_check_whole("gqa_with_residuals", "D", d, block_d, 256)
+    rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
     q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
-        functools.partial(_gqa_with_residuals_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
+        functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
+            jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
@@ -6061,307 +5354,9 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), lse[:b, :g, :r, :size_s].reshape(
-        (b, g, r, size_s, 1)
+    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), (
+        lse[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1)) if residuals else None
     )
-
-
-@rt.kernel(
-    inputs=("q: bf16[B, G, R, S, D]", "k: bf16[B, G, T, D]", "v: bf16[B, G, T, D]"),
-    outputs=("o: bf16[B, G, R, S, D]", "lse: f32[B, G, R, S] as [B, G, R, S, 1]"),
-    sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
-    tpu=_gqa_with_residuals_tpu,
-    triton=_gqa_with_residuals_gpu,
-    mosaic_gpu=_gqa_with_residuals_mosaic_gpu,
-)
-def gqa_with_residuals(q, k, v):
-    """`gqa` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (lse).
-
-    Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
-      block_s, block_t: TPU blocks (None: as _gqa_with_residuals_tpu_blocks chooses; the spec's: 128, 256).
-
-    Returns:
-      o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
-    """
-    b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
-    size_s = q.shape[3]
-    d = q.shape[4]
-    t = k.shape[2]
-    q = q[:, :, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
-            ),
-            (4,),
-        )
-        * 0.088388
-    )
-    o = jnp.expand_dims(
-        jnp.einsum(
-            "bgrst,bgdt->bgrsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
-            jnp.squeeze(v, (2, 3)),
-            preferred_element_type=jnp.float32,
-        ),
-        (5,),
-    ).astype(jnp.bfloat16)
-    lse = jax.nn.logsumexp(s, axis=5, keepdims=True)
-    o = o.reshape((b, g, r, size_s, d))
-    lse = lse.reshape((b, g, r, size_s))
-    return o, lse
-
-
-def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
-    t_start = pl.program_id(4) * block_t
-    step = pl.program_id(4)
-
-    @pl.when(step == 0)
-    def _init():
-        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
-        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
-
-    q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
-    max_t_block = s
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-    max_t_previous = max_t_ref[...]
-    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-    max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-    max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(s - max_t_shift)
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(4) - 1)
-    def _finish():
-        sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
-
-
-_gqa_tpu_blocks = rt.TpuBlocks(
-    "gqa",
-    sizes=("B", "G", "R", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 256)}},
-    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
-        block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s,
-    ),
-    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
-)
-
-
-def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B) +
-    # max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
-    return pl.pallas_call(
-        functools.partial(_gqa_kernel, t=t, block_t=block_t),
-        # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
-        # G, R, S are independent (parallel); steps along T accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        in_specs=[
-            # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
-        ],
-        # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
-        scratch_shapes=[
-            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
-            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * b * g * r * size_s * t * d,
-            transcendentals=b * g * r * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d,
-        ),
-        interpret=interpret,
-        name="gqa",
-    )(q, k, v)
-
-
-def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, size_s, d, t, block_t):
-    block_s, block_d = o_ref.shape
-    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
-    in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-
-    def accumulate(index, running):
-        t_start = index * block_t
-        in_t = rt.inside(t_start, block_t, t)
-        max_t, sum_exp_t, acc_t = running
-        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
-        max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
-        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
-        0,
-        pl.cdiv(t, block_t),
-        accumulate,
-        (
-            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
-            jnp.full((block_s, block_d), 0, jnp.float32),
-        ),
-    )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
-
-
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
-_gqa_gpu_options = {None: (64, 64, 4, 1)}
-
-
-def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
-    )
-    block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
-    return pl.pallas_call(
-        functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
-        # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
-        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
-        # running values.
-        grid=(b, g, r, pl.cdiv(size_s, block_s)),
-        in_specs=[
-            # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
-        ],
-        # o: bf16[B, G, R, S, D]
-        out_specs=pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="gqa",
-    )(q, k, v)
-
-
-def _gqa_mosaic_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, q_smem, o_smem, operand_smem, operand_smem_2, barrier, *, g, r, size_s, t, block_t
-):
-    block_s, block_d = o_smem.shape
-    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-
-    def step(indices, k_smem, v_smem, carry):
-        t_start = indices[0] * block_t
-        max_t, sum_exp_t, acc_t = carry
-        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
-        max_t_previous = max_t
-        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
-        max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
-        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
-        max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
-        )
-        return max_t, sum_exp_t, acc_t
-
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
-        step,
-        grid=(pl.cdiv(t, block_t),),
-        in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
-    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
-
-
-def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
-    block_s, block_t = 64, 64
-    block_d = d + -d % 64
-    rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    (o,) = plgpu.kernel(
-        functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
-        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b * g * r * pl.cdiv(size_s, block_s),),
-        grid_names=("programs",),
-        interpret=interpret,
-    )(q, k, v)
-    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d))
 
 
 def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -6387,7 +5382,7 @@ def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_gqa_mosaic_gpu,
     vjp=_gqa_vjp,
     saves=("q", "k", "v", "o", "lse"),
-    residuals=gqa_with_residuals,
+    residuals=("lse: f32[B, G, R, S] as [B, G, R, S, 1]",),
 )
 def gqa(q, k, v):
     """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.

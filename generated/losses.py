@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -31,7 +36,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _cross_entropy_with_residuals_kernel(
+def _cross_entropy_kernel(
     logits_ref,
     label_ref,
     loss_ref,
@@ -72,25 +77,30 @@ def _cross_entropy_with_residuals_kernel(
         logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
         sum_v = sum_v_running_ref[...]
         logsumexp_v = logsumexp_over_v
-        logsumexp_v_ref[...] = logsumexp_v
+        if logsumexp_v_ref is not None:
+            logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
 
 
-_cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "cross_entropy_with_residuals",
+_cross_entropy_tpu_blocks = rt.TpuBlocks(
+    "cross_entropy",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (128, 16384)}, "v6e": {(4096, 32768): (128, 16384)}},
-    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
+    chips={None: {"default": (16, 2048)}},
+    step=lambda m, v, block_m, block_v, residuals: (
+        block_m * block_v,
+        16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0),
+    ),
 )
 
 
-def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    block_m, block_v = rt.tpu_blocks(_cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v))
+def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, interpret):
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v), residuals=residuals)
     # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
     # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
+    # logsumexp_v: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
+        functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
         # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
         # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
@@ -100,11 +110,12 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         ],
         out_specs=(
             pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_v
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_v
         ),
         scratch_shapes=[
             # logsumexp_over_v_max_ref: the running logsumexp over V of one block
@@ -115,17 +126,19 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 8 * m * v
+            flops=6 * m * v,
+            transcendentals=m * v,
+            bytes_accessed=rt.nbytes(logits, label) + 4 * m * v + (4 * m * v if residuals else 0),
         ),
         interpret=interpret,
-        name="cross_entropy_with_residuals",
+        name="cross_entropy",
     )(logits, label)
 
 
-def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v):
+def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_v):
     block_m, _ = loss_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     inside = rt.mask((block_m, 1), in_m, None)
@@ -162,20 +175,21 @@ def _cross_entropy_with_residuals_gpu_kernel(logits_ref, label_ref, loss_ref, lo
     logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
     sum_v = sum_v_running
     logsumexp_v = logsumexp_over_v
-    rt.store(logsumexp_v_ref, logsumexp_v, inside)
+    if logsumexp_v_ref is not None:
+        rt.store(logsumexp_v_ref, logsumexp_v, inside)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
 # Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
-_cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
+_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
-def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
+def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, residuals, interpret):
     block_m, block_v, num_warps, num_stages = rt.triton_options(
-        _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     return pl.pallas_call(
-        functools.partial(_cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_v=block_v),
+        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
@@ -184,19 +198,21 @@ def _cross_entropy_with_residuals_gpu(logits, label, *, m, v, block_m, block_v, 
         ],
         out_specs=(
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
+            (
+                pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None
+            ),  # logsumexp_v: f32[M], broadcast over V
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_v
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_v
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="cross_entropy_with_residuals",
+        name="cross_entropy",
     )(logits, label)
 
 
-def _cross_entropy_with_residuals_mosaic_gpu_kernel(
+def _cross_entropy_mosaic_gpu_kernel(
     logits_ref,
     label_ref,
     loss_ref,
@@ -252,268 +268,32 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v
-    rt.mgpu_copy_out(
-        (loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]),
-        (logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]),
-    )
+    rt.mgpu_copy_out((loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]))
+    if logsumexp_v_ref is not None:
+        rt.mgpu_copy_out((logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]))
 
 
-def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
+def _cross_entropy_mosaic_gpu(logits, label, *, m, v, residuals, interpret):
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
-        functools.partial(_cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
-        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32), jax.ShapeDtypeStruct((padded_m,), jnp.float32)),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_m,), jnp.int32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(logits, label)
-    return loss[:m].reshape((m, 1)), logsumexp_v[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
-    outputs=("loss: f32[M] as [M, 1]", "logsumexp_v: f32[M] as [M, 1]"),
-    sizes={"M": "m", "V": "v"},
-    tpu=_cross_entropy_with_residuals_tpu,
-    triton=_cross_entropy_with_residuals_gpu,
-    mosaic_gpu=_cross_entropy_with_residuals_mosaic_gpu,
-)
-def cross_entropy_with_residuals(logits, label):
-    """`cross_entropy` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (logsumexp_v).
-
-    Args:
-      logits: bf16[M, V].
-      label: i32[M].
-      block_m, block_v: TPU blocks (None: as _cross_entropy_with_residuals_tpu_blocks chooses; the spec's: 16,
-        2048).
-
-    Returns:
-      loss: f32[M]; logsumexp_v: f32[M].
-    """
-    m = logits.shape[0]
-    v = logits.shape[1]
-    label = label[:, None]
-    z = logits.astype(jnp.float32)
-    logsumexp_v = jax.nn.logsumexp(z, axis=1, keepdims=True)
-    loss = logsumexp_v - jnp.sum(
-        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
-        axis=1,
-        keepdims=True,
-        dtype=jnp.float32,
-    )
-    loss = loss.reshape((m,))
-    logsumexp_v = logsumexp_v.reshape((m,))
-    return loss, logsumexp_v
-
-
-def _cross_entropy_kernel(
-    logits_ref, label_ref, loss_ref, logsumexp_v_max_ref, logsumexp_v_sum_ref, sum_v_running_ref, *, v, block_v
-):
-    step = pl.program_id(1)
-
-    @pl.when(step == 0)
-    def _init():
-        logsumexp_v_max_ref[...] = jnp.full(logsumexp_v_max_ref.shape, -jnp.inf, jnp.float32)
-        logsumexp_v_sum_ref[...] = jnp.full(logsumexp_v_sum_ref.shape, 0.0, jnp.float32)
-        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
-
-    logits = logits_ref[...]
-    label = label_ref[...]
-    z = logits.astype(jnp.float32)
-    logsumexp_v_block = z
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_v_block = rt.fill_past(logsumexp_v_block, step * block_v, v, 1, -jnp.inf)
-    logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...] = rt.logsumexp_step(
-        logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
-    )
-    sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
-    )
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
-    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
-
-    @pl.when(step == pl.num_programs(1) - 1)
-    def _finish():
-        logsumexp_v = rt.logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
-        sum_v = sum_v_running_ref[...]
-        loss_ref[...] = logsumexp_v - sum_v
-
-
-_cross_entropy_tpu_blocks = rt.TpuBlocks(
-    "cross_entropy",
-    sizes=("M", "V"),
-    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={None: {"default": (16, 2048)}},
-    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 16 * block_m),
-)
-
-
-def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
-    block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
-    # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's
-    # 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
-    return pl.pallas_call(
-        functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
-        # One step per block of M, block of V. Steps along M are independent (parallel); steps along V accumulate in
-        # order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-        ],
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
-        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
-        scratch_shapes=[
-            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_max_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),  # logsumexp_v_sum_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
-        ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=6 * m * v, transcendentals=m * v, bytes_accessed=rt.nbytes(logits, label) + 4 * m * v
-        ),
-        interpret=interpret,
-        name="cross_entropy",
-    )(logits, label)
-
-
-def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_v):
-    block_m, _ = loss_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    inside = rt.mask((block_m, 1), in_m, None)
-    label = rt.load(label_ref, inside)
-
-    def accumulate(index, running):
-        logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
-        start = index * block_v
-        in_v = rt.inside(start, block_v, v)
-        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
-        z = logits.astype(jnp.float32)
-        logsumexp_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
-        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1)
-        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
-        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
-        return logsumexp_v_max, logsumexp_v_sum, sum_v_running
-
-    logsumexp_v_max, logsumexp_v_sum, sum_v_running = jax.lax.fori_loop(
-        0,
-        pl.cdiv(v, block_v),
-        accumulate,
-        (
-            jnp.full((block_m, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_m, 1), 0.0, jnp.float32),
-            jnp.full((block_m, 1), 0.0, jnp.float32),
-        ),
-    )
-    logsumexp_v = rt.logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
-    sum_v = sum_v_running
-    rt.store(loss_ref, logsumexp_v - sum_v, inside)
-
-
-# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
-_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
-
-
-def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
-    block_m, block_v, num_warps, num_stages = rt.triton_options(
-        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
-    )
-    return pl.pallas_call(
-        functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
-        ],
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
-        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="cross_entropy",
-    )(logits, label)
-
-
-def _cross_entropy_mosaic_gpu_kernel(
-    logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
-):
-    program_m = jax.lax.axis_index("M")
-    rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
-    label = rt.mgpu_load_vector(label_smem, 0)
-
-    def reduce_1(indices, logits_smem, carry):
-        logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
-        start = indices[0] * block_v
-        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
-        z = logits.astype(jnp.float32)
-        logsumexp_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end
-            logsumexp_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
-            )
-        logsumexp_v_running, logsumexp_v_index = rt.mgpu_logsumexp_step(
-            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
-        )
-        sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
-        )
-        if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
-        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
-        return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
-
-    logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(logits_ref.shape[1] // block_v,),
-        in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
-        ),
-    )(logits_ref)
-    logsumexp_v = rt.logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
-    sum_v = sum_v_running
-    loss = logsumexp_v - sum_v
-    loss_smem[...] = loss
-    rt.mgpu_copy_out((loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)]))
-
-
-def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
-    block_m, block_v = 64, 128
-    padded_m, padded_v = m + -m % block_m, v + -v % block_v
-    logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
-    (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
-        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
+        ),
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
     )(logits, label)
-    return loss[:m].reshape((m, 1))
+    return loss[:m].reshape((m, 1)), (logsumexp_v[:m].reshape((m, 1)) if residuals else None)
 
 
 def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -537,7 +317,7 @@ def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_cross_entropy_mosaic_gpu,
     vjp=_cross_entropy_vjp,
     saves=("logits", "label", "logsumexp_v"),
-    residuals=cross_entropy_with_residuals,
+    residuals=("logsumexp_v: f32[M] as [M, 1]",),
 )
 def cross_entropy(logits, label):
     """Cross-entropy of each row's logits against its label, over a vocabulary too long

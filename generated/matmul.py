@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -587,7 +592,7 @@ def matmul_backward_y(x, dz):
     return dy
 
 
-def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
+def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -607,30 +612,29 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, 
     def _finish():
         acc_k = acc_k_ref[...]
         acc = acc_k
-        acc_ref[...] = acc
+        if acc_ref is not None:
+            acc_ref[...] = acc
         z_ref[...] = jax.nn.relu(acc)
 
 
-_matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "matmul_relu_with_residuals",
+_matmul_relu_tpu_blocks = rt.TpuBlocks(
+    "matmul_relu",
     sizes=("M", "N", "K"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
     chips={
         None: {"default": (256, 512, 512)},
-        "v5e": {"default": (512, 512, 512)},
-        "v6e": {"default": (1024, 1024, 1024)},
+        "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
+        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
     },
 )
 
 
-def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
+def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
-    # accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # accumulator 512.0 KiB + f32 product step 512.0 KiB. acc: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
+        functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
@@ -640,23 +644,33 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)) if residuals else None,  # acc: f32[M, N]
         ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
+        ),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(
+                8 * block_m * block_k
+                + 8 * block_k * block_n
+                + 16 * block_m * block_n
+                + (8 * block_m * block_n if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 8 * m * n
+            flops=2 * m * n * k + m * n,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + 4 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
-        name="matmul_relu_with_residuals",
+        name="matmul_relu",
     )(x, y)
 
 
-def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -671,21 +685,22 @@ def _matmul_relu_with_residuals_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n
 
     product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     acc = product
-    rt.store(acc_ref, acc, inside)
+    if acc_ref is not None:
+        rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
 # Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
-_matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
+_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
-def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
+def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, residuals, interpret):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
-        functools.partial(_matmul_relu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
+        functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -694,16 +709,19 @@ def _matmul_relu_with_residuals_gpu(x, y, *, m, n, k, block_m, block_n, block_k,
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)) if residuals else None,  # acc: f32[M, N]
         ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
+        ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="matmul_relu_with_residuals",
+        name="matmul_relu",
     )(x, y)
 
 
-def _matmul_relu_with_residuals_mosaic_gpu_kernel(
+def _matmul_relu_mosaic_gpu_kernel(
     x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
@@ -728,40 +746,35 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
-        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
+    if acc_ref is not None:
+        rt.mgpu_copy_out(
+            (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+        )
 
 
 # Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
-_matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def _matmul_relu_with_residuals_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+def _matmul_relu_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, residuals, interpret
 ):
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
-    rt.mgpu_check_choices(
-        "matmul_relu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
     z, acc = plgpu.kernel(
         functools.partial(
-            _matmul_relu_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.float32),
@@ -772,189 +785,7 @@ def _matmul_relu_with_residuals_mosaic_gpu(
         grid_names=("M", "N"),
         interpret=interpret,
     )(x, y)
-    return z[:m, :n], acc[:m, :n]
-
-
-@rt.kernel(
-    inputs=("x: f32[M, K]", "y: f32[K, N]"),
-    outputs=("z: f32[M, N]", "acc: f32[M, N]"),
-    sizes={"M": "m", "N": "n", "K": "k"},
-    tpu=_matmul_relu_with_residuals_tpu,
-    triton=_matmul_relu_with_residuals_gpu,
-    mosaic_gpu=_matmul_relu_with_residuals_mosaic_gpu,
-)
-def matmul_relu_with_residuals(x, y):
-    """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (acc).
-
-    Args:
-      x: f32[M, K].
-      y: f32[K, N].
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_with_residuals_tpu_blocks chooses; the
-        spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: f32[M, N]; acc: f32[M, N].
-    """
-    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = product
-    z = jax.nn.relu(acc)
-    return z, acc
-
-
-def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _init():
-        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
-
-    x = x_ref[...]
-    y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _finish():
-        acc_k = acc_k_ref[...]
-        z_ref[...] = jax.nn.relu(acc_k)
-
-
-_matmul_relu_tpu_blocks = rt.TpuBlocks(
-    "matmul_relu",
-    sizes=("M", "N", "K"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (256, 512, 512)},
-        "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
-        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    },
-)
-
-
-def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) + f32 accumulator 512.0
-    # KiB + f32 product step 512.0 KiB.
-    return pl.pallas_call(
-        functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
-        # accumulate in order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: f32[M, K]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: f32[K, N]
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
-        ),
-        interpret=interpret,
-        name="matmul_relu",
-    )(x, y)
-
-
-def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
-    block_m, block_n = z_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    rt.store(z_ref, jax.nn.relu(acc), inside)
-
-
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
-_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
-def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
-    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
-    return pl.pallas_call(
-        functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
-            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # y: f32[K, N], swapped to [N, K]
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_relu",
-    )(x, y)
-
-
-def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
-    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_k,),
-            in_specs=[
-                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.float32),
-                rt.mgpu_spec((block_n, block_k), lambda s: (program_n, s), jnp.float32),
-            ],
-            max_concurrent_steps=stages,
-        )(x_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = jnp.maximum(acc, 0)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
-
-
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
-_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
-    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
-    rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
-    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
-    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
-    (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(x, y)
-    return z[:m, :n]
+    return z[:m, :n], (acc[:m, :n] if residuals else None)
 
 
 def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -979,7 +810,7 @@ def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_matmul_relu_mosaic_gpu,
     vjp=_matmul_relu_vjp,
     saves=("x", "y", "acc"),
-    residuals=matmul_relu_with_residuals,
+    residuals=("acc: f32[M, N]",),
 )
 def matmul_relu(x, y):
     """The quickstart's matmul with a fused activation.
@@ -1524,7 +1355,7 @@ def matmul_relu_backward_y(acc, dz, x):
     return dy
 
 
-def _matmul_bias_gelu_with_residuals_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
+def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1545,30 +1376,33 @@ def _matmul_bias_gelu_with_residuals_kernel(x_ref, y_ref, bias_ref, z_ref, acc_r
         acc_k = acc_k_ref[...]
         bias = bias_ref[...]
         acc = acc_k
-        acc_ref[...] = acc
+        if acc_ref is not None:
+            acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-_matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "matmul_bias_gelu_with_residuals",
+_matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
+    "matmul_bias_gelu",
     sizes=("M", "N", "K"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
     chips={
         None: {"default": (512, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (512, 512, 4096)},
-        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
+        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+        "v6e": {
+            "default": (1024, 1024, 1024),
+            (4096, 4096, 4096): (1024, 1024, 4096),
+            (8192, 8192, 8192): (1024, 1024, 1024),
+        },
     },
 )
 
 
-def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(
-        _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
-    )
+def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
+    block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. acc: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
+        functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
@@ -1579,25 +1413,34 @@ def _matmul_bias_gelu_with_residuals_tpu(x, y, bias, *, m, n, k, block_m, block_
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)) if residuals else None,  # acc: f32[M, N]
         ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
+        ),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
+                4 * block_m * block_k
+                + 4 * block_k * block_n
+                + 8 * block_n
+                + 12 * block_m * block_n
+                + (8 * block_m * block_n if residuals else 0)
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 6 * m * n
+            flops=2 * m * n * k + m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
-        name="matmul_bias_gelu_with_residuals",
+        name="matmul_bias_gelu",
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k):
+def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
@@ -1613,22 +1456,23 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, a
     product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
     bias = rt.load(bias_ref, (None, in_n))
     acc = product
-    rt.store(acc_ref, acc, inside)
+    if acc_ref is not None:
+        rt.store(acc_ref, acc, inside)
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 # Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
-_matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
+_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
-def _matmul_bias_gelu_with_residuals_gpu(
-    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+def _matmul_bias_gelu_gpu(
+    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, residuals, interpret
 ):
     block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_with_residuals_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
     )
     return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_with_residuals_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
+        functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -1638,16 +1482,19 @@ def _matmul_bias_gelu_with_residuals_gpu(
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)) if residuals else None,  # acc: f32[M, N]
         ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # z  # acc
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
+        ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="matmul_bias_gelu_with_residuals",
+        name="matmul_bias_gelu",
     )(x, y, bias)
 
 
-def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
+def _matmul_bias_gelu_mosaic_gpu_kernel(
     x_ref, y_ref, bias_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
@@ -1674,40 +1521,35 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
-        (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]),
-    )
+    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
+    if acc_ref is not None:
+        rt.mgpu_copy_out(
+            (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+        )
 
 
 # Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
-_matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def _matmul_bias_gelu_with_residuals_mosaic_gpu(
-    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+def _matmul_bias_gelu_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, residuals, interpret
 ):
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_with_residuals_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices(
-        "matmul_bias_gelu_with_residuals", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes
-    )
+    rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     z, acc = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            block_k=block_k,
-            stages=stages,
+            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
@@ -1719,210 +1561,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
         grid_names=("M", "N"),
         interpret=interpret,
     )(x, y, bias)
-    return z[:m, :n], acc[:m, :n]
-
-
-@rt.kernel(
-    inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
-    outputs=("z: bf16[M, N]", "acc: f32[M, N]"),
-    sizes={"M": "m", "N": "n", "K": "k"},
-    tpu=_matmul_bias_gelu_with_residuals_tpu,
-    triton=_matmul_bias_gelu_with_residuals_gpu,
-    mosaic_gpu=_matmul_bias_gelu_with_residuals_mosaic_gpu,
-)
-def matmul_bias_gelu_with_residuals(x, y, bias):
-    """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (acc).
-
-    Args:
-      x: bf16[M, K].
-      y: bf16[K, N].
-      bias: f32[N].
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_with_residuals_tpu_blocks chooses; the
-        spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: bf16[M, N]; acc: f32[M, N].
-    """
-    bias = bias[None, :]
-    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = product
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-    return z, acc
-
-
-def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_k_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _init():
-        acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
-
-    x = x_ref[...]
-    y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
-    acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _finish():
-        acc_k = acc_k_ref[...]
-        bias = bias_ref[...]
-        z_ref[...] = jax.nn.gelu(acc_k + bias, approximate=True).astype(jnp.bfloat16)
-
-
-_matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
-    "matmul_bias_gelu",
-    sizes=("M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (512, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
-        "v6e": {
-            "default": (1024, 1024, 1024),
-            (4096, 4096, 4096): (1024, 1024, 4096),
-            (8192, 8192, 8192): (1024, 1024, 1024),
-        },
-    },
-)
-
-
-def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB.
-    return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
-        # accumulate in order (arbitrary).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: bf16[K, N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
-            ),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n
-        ),
-        interpret=interpret,
-        name="matmul_bias_gelu",
-    )(x, y, bias)
-
-
-def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_k):
-    block_m, block_n = z_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, (None, in_n))
-    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
-
-
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
-_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
-def _matmul_bias_gelu_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
-    return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_bias_gelu",
-    )(x, y, bias)
-
-
-def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
-):
-    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref, x_smem, y_smem)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_k,),
-            in_specs=[
-                rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
-                rt.mgpu_spec((block_k, block_n), lambda s: (s, program_n), jnp.bfloat16),
-            ],
-            max_concurrent_steps=stages,
-        )(x_ref, y_ref)
-        rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
-        acc = acc_ref[...]
-        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
-
-
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
-_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _matmul_bias_gelu_mosaic_gpu(
-    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
-):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
-    rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
-    padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
-    x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
-    bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
-    (z,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(x, y, bias)
-    return z[:m, :n]
+    return z[:m, :n], (acc[:m, :n] if residuals else None)
 
 
 def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -1947,7 +1586,7 @@ def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
     vjp=_matmul_bias_gelu_vjp,
     saves=("x", "y", "bias", "acc"),
-    residuals=matmul_bias_gelu_with_residuals,
+    residuals=("acc: f32[M, N]",),
 )
 def matmul_bias_gelu(x, y, bias):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.

@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -31,7 +36,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _layer_norm_with_residuals_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps):
+def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     b = b_ref[...]
@@ -40,28 +45,32 @@ def _layer_norm_with_residuals_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_r
     mu_ref[...] = mu
     d = h - mu
     mean_n = jnp.sum((d * d), axis=1, keepdims=True) / n
-    mean_n_ref[...] = mean_n
+    if mean_n_ref is not None:
+        mean_n_ref[...] = mean_n
     rstd = jax.lax.rsqrt(mean_n + eps)
     rstd_ref[...] = rstd
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-_layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "layer_norm_with_residuals",
+_layer_norm_tpu_blocks = rt.TpuBlocks(
+    "layer_norm",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
-    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m, residuals: (
+        block_m * n,
+        24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0),
+    ),
 )
 
 
-def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
+def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
+    (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
     # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
-    # B.
+    # B. mean_n: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
+        functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
@@ -73,26 +82,31 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m)
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=rt.vmem_limit(
+                24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 14 * m * n
+            flops=9 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
-        name="layer_norm_with_residuals",
+        name="layer_norm",
     )(x, w, b)
 
 
-def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps):
+def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -105,25 +119,26 @@ def _layer_norm_with_residuals_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rs
     rt.store(mu_ref, mu, (in_m, None))
     d = h - mu
     mean_n = jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, (in_m, None))
+    if mean_n_ref is not None:
+        rt.store(mean_n_ref, mean_n, (in_m, None))
     rstd = jax.lax.rsqrt(mean_n + eps)
     rt.store(rstd_ref, rstd, (in_m, None))
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
 # Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_layer_norm_with_residuals_gpu_options = {None: (1, None, 1)}
+_layer_norm_gpu_options = {None: (1, None, 1)}
 
 
-def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
-        _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
-        functools.partial(_layer_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
+        functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
@@ -136,21 +151,21 @@ def _layer_norm_with_residuals_gpu(x, w, b, *, m, n, block_m, num_warps, num_sta
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="layer_norm_with_residuals",
+        name="layer_norm",
     )(x, w, b)
 
 
-def _layer_norm_with_residuals_mosaic_gpu_kernel(
+def _layer_norm_mosaic_gpu_kernel(
     x_ref,
     w_ref,
     b_ref,
@@ -219,7 +234,8 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
     plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if mean_n_ref is not None:
+        plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem, w_smem, b_smem):
         start = indices[0] * block_n
@@ -250,276 +266,21 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
+def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
-        functools.partial(_layer_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-        ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
-        ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x, w, b)
-    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
-    outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "mean_n: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
-    params={"eps": jnp.float32},
-    tpu=_layer_norm_with_residuals_tpu,
-    triton=_layer_norm_with_residuals_gpu,
-    mosaic_gpu=_layer_norm_with_residuals_mosaic_gpu,
-)
-def layer_norm_with_residuals(x, w, b, *, eps=1e-05):
-    """`layer_norm` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (mean_n).
-
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      b: f32[N].
-      block_m: TPU blocks (None: as _layer_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
-      eps: a static f32 (default 1e-05).
-
-    Returns:
-      y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
-    """
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    b = b[None, :]
-    h = x.astype(jnp.float32)
-    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
-    d = h - mu
-    mean_n = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32)
-    rstd = jax.lax.rsqrt(mean_n + eps)
-    y = (d * rstd * w + b).astype(jnp.bfloat16)
-    mu = mu.reshape((m,))
-    rstd = rstd.reshape((m,))
-    mean_n = mean_n.reshape((m,))
-    return y, mu, rstd, mean_n
-
-
-def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    b = b_ref[...]
-    h = x.astype(jnp.float32)
-    mu = jnp.sum(h, axis=1, keepdims=True) / n
-    mu_ref[...] = mu
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.sum((d * d), axis=1, keepdims=True) / n + eps)
-    rstd_ref[...] = rstd
-    y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
-
-
-_layer_norm_tpu_blocks = rt.TpuBlocks(
-    "layer_norm",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
-)
-
-
-def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
-    # B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
-    return pl.pallas_call(
-        functools.partial(_layer_norm_kernel, n=n, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
-        ],
-        out_specs=(
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-        ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m)
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=9 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n
-        ),
-        interpret=interpret,
-        name="layer_norm",
-    )(x, w, b)
-
-
-def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, eps):
-    block_m, block_n = y_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
-    b = rt.load(b_ref, (None, in_n))
-    h = x.astype(jnp.float32)
-    mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mu_ref, mu, (in_m, None))
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps)
-    rt.store(rstd_ref, rstd, (in_m, None))
-    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
-
-
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_layer_norm_gpu_options = {None: (1, None, 1)}
-
-
-def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
-    num_warps = num_warps or rt.row_warps(block_m * block_n)
-    return pl.pallas_call(
-        functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
-        ],
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
-        ),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="layer_norm",
-    )(x, w, b)
-
-
-def _layer_norm_mosaic_gpu_kernel(
-    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mu_smem, rstd_smem, y_buffers, *, block_m, block_n, n, eps
-):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (mean_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        mean_n_block = h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
-        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
-        return (mean_n_running,)
-
-    (mean_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_n = mean_n_running / n
-    mu = mean_n
-
-    def reduce_2(indices, x_smem, carry):
-        (mean_over_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
-        mean_over_n_block = d * d
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
-        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return (mean_over_n_running,)
-
-    (mean_over_n_running,) = plgpu.emit_pipeline(
-        reduce_2,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_over_n = mean_over_n_running / n
-    rstd = jax.lax.rsqrt(mean_over_n + eps)
-    mu_smem[...] = mu
-    rstd_smem[...] = rstd
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
-
-    def write(indices, x_smem, w_smem, b_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
-        b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
-        h = x.astype(jnp.float32)
-        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(jnp.bfloat16)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, w_ref, b_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
-    y, mu, rstd = plgpu.kernel(
         functools.partial(_layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
         scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
@@ -528,7 +289,12 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x, w, b)
-    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
+    return (
+        y[:m, :n],
+        mu[:m].reshape((m, 1)),
+        rstd[:m].reshape((m, 1)),
+        (mean_n[:m].reshape((m, 1)) if residuals else None),
+    )
 
 
 def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
@@ -556,7 +322,7 @@ def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
     mosaic_gpu=_layer_norm_mosaic_gpu,
     vjp=_layer_norm_vjp,
     saves=("x", "w", "mu", "rstd", "mean_n"),
-    residuals=layer_norm_with_residuals,
+    residuals=("mean_n: f32[M] as [M, 1]",),
 )
 def layer_norm(x, w, b, *, eps=1e-05):
     """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
@@ -1195,30 +961,31 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
     return dw, db
 
 
-def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
+def _rms_norm_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     x = x_ref[...]
     w = w_ref[...]
     h = x.astype(jnp.float32)
     mean_n = jnp.sum((h * h), axis=1, keepdims=True) / n
-    mean_n_ref[...] = mean_n
+    if mean_n_ref is not None:
+        mean_n_ref[...] = mean_n
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-_rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "rms_norm_with_residuals",
+_rms_norm_tpu_blocks = rt.TpuBlocks(
+    "rms_norm",
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
+    step=lambda m, n, block_m, residuals: (block_m * n, 16 * block_m * n + 8 * n + (8 * block_m if residuals else 0)),
 )
 
 
-def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
+def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
+    (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
-    # 32-bit copy of a block 64 B + let h 64 B.
+    # 32-bit copy of a block 64 B + let h 64 B. mean_n: only when the residuals are written.
     return pl.pallas_call(
-        functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
+        functools.partial(_rms_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
@@ -1227,24 +994,27 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
         ],
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m)
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + (8 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 6 * m * n
+            flops=6 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x, w) + 2 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
-        name="rms_norm_with_residuals",
+        name="rms_norm",
     )(x, w)
 
 
-def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
+def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
@@ -1253,23 +1023,22 @@ def _rms_norm_with_residuals_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n
     w = rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    rt.store(mean_n_ref, mean_n, (in_m, None))
+    if mean_n_ref is not None:
+        rt.store(mean_n_ref, mean_n, (in_m, None))
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
 # Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_rms_norm_with_residuals_gpu_options = {None: (1, None, 1)}
+_rms_norm_gpu_options = {None: (1, None, 1)}
 
 
-def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
+    block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
-        functools.partial(_rms_norm_with_residuals_gpu_kernel, m=m, n=n, eps=eps),
+        functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
@@ -1279,21 +1048,19 @@ def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, 
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="rms_norm_with_residuals",
+        name="rms_norm",
     )(x, w)
 
 
-def _rms_norm_with_residuals_mosaic_gpu_kernel(
-    x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_buffers, *, block_m, block_n, n, eps
-):
+def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_buffers, *, block_m, block_n, n, eps):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1318,7 +1085,8 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     mean_n = mean_over_n
     mean_n_smem[...] = mean_n
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if mean_n_ref is not None:
+        plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem, w_smem):
         start = indices[0] * block_n
@@ -1348,204 +1116,22 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
+def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     y, mean_n = plgpu.kernel(
-        functools.partial(_rms_norm_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
+        functools.partial(_rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
         scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
     )(x, w)
-    return y[:m, :n], mean_n[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
-    outputs=("y: bf16[M, N]", "mean_n: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
-    params={"eps": jnp.float32},
-    tpu=_rms_norm_with_residuals_tpu,
-    triton=_rms_norm_with_residuals_gpu,
-    mosaic_gpu=_rms_norm_with_residuals_mosaic_gpu,
-)
-def rms_norm_with_residuals(x, w, *, eps=1e-06):
-    """`rms_norm` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (mean_n).
-
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      block_m: TPU blocks (None: as _rms_norm_with_residuals_tpu_blocks chooses; the spec's: 16).
-      eps: a static f32 (default 1e-06).
-
-    Returns:
-      y: bf16[M, N]; mean_n: f32[M].
-    """
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    h = x.astype(jnp.float32)
-    mean_n = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
-    y = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
-    mean_n = mean_n.reshape((m,))
-    return y, mean_n
-
-
-def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    h = x.astype(jnp.float32)
-    y_ref[...] = (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / n + eps) * w).astype(jnp.bfloat16)
-
-
-_rms_norm_tpu_blocks = rt.TpuBlocks(
-    "rms_norm",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n),
-)
-
-
-def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) + mean's 32-bit copy of a
-    # block 64 B + let h 64 B.
-    return pl.pallas_call(
-        functools.partial(_rms_norm_kernel, n=n, eps=eps),
-        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-        ],
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n)
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 2 * m * n
-        ),
-        interpret=interpret,
-        name="rms_norm",
-    )(x, w)
-
-
-def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, eps):
-    block_m, block_n = y_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
-    h = x.astype(jnp.float32)
-    rt.store(
-        y_ref,
-        (h * jax.lax.rsqrt(jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps) * w).astype(
-            jnp.bfloat16
-        ),
-        inside,
-    )
-
-
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_rms_norm_gpu_options = {None: (1, None, 1)}
-
-
-def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
-    num_warps = num_warps or rt.row_warps(block_m * block_n)
-    return pl.pallas_call(
-        functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="rms_norm",
-    )(x, w)
-
-
-def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, block_n, n, eps):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (mean_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        h = x.astype(jnp.float32)
-        mean_n_block = h * h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0)
-        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
-        return (mean_n_running,)
-
-    (mean_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    mean_n = mean_n_running / n
-
-    def write(indices, x_smem, w_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
-        h = x.astype(jnp.float32)
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
-            jnp.bfloat16
-        )
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, w_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    (y,) = plgpu.kernel(
-        functools.partial(_rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x, w)
-    return y[:m, :n]
+    return y[:m, :n], (mean_n[:m].reshape((m, 1)) if residuals else None)
 
 
 def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
@@ -1571,7 +1157,7 @@ def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
     mosaic_gpu=_rms_norm_mosaic_gpu,
     vjp=_rms_norm_vjp,
     saves=("x", "w", "mean_n"),
-    residuals=rms_norm_with_residuals,
+    residuals=("mean_n: f32[M] as [M, 1]",),
 )
 def rms_norm(x, w, *, eps=1e-06):
     """RMSNorm over the last dimension (Llama's), computed in f32.

@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -774,82 +779,97 @@ def column_sums_backward(x, ds):
     return dx
 
 
-def _quantize_rows_int8_with_residuals_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref):
+def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref):
     x = x_ref[...]
     max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    max_n_ref[...] = max_n
+    if max_n_ref is not None:
+        max_n_ref[...] = max_n
     s = jnp.maximum(max_n, 1e-30) / 127
     q_ref[...] = jnp.round(x / s).astype(jnp.int8)
     scale_ref[...] = s
-    argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
+    if argmax_n_ref is not None:
+        argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-_quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "quantize_rows_int8_with_residuals",
+_quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
+    "quantize_rows_int8",
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows")},
     chips={None: {"default": (32,)}},
-    step=lambda m, n, block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
+    step=lambda m, n, block_m, residuals: (
+        block_m * n,
+        14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0),
+    ),
 )
 
 
-def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
+def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
     # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
+    # argmax_n, max_n: only when the residuals are written.
     return pl.pallas_call(
-        _quantize_rows_int8_with_residuals_kernel,
+        _quantize_rows_int8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
-            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(18 * block_m * n + 28 * block_m)
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=rt.vmem_limit(
+                14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0)
+            ),
         ),
-        cost_estimate=pl.CostEstimate(flops=9 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 13 * m * n),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x) + 5 * m * n + (8 * m * n if residuals else 0),
+        ),
         interpret=interpret,
-        name="quantize_rows_int8_with_residuals",
+        name="quantize_rows_int8",
     )(x)
 
 
-def _quantize_rows_int8_with_residuals_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n):
+def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n):
     block_m, block_n = q_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, (in_m, None))
+    if max_n_ref is not None:
+        rt.store(max_n_ref, max_n, (in_m, None))
     s = jnp.maximum(max_n, 1e-30) / 127
     rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
     rt.store(scale_ref, s, (in_m, None))
-    rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
+    if argmax_n_ref is not None:
+        rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
 # Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_quantize_rows_int8_with_residuals_gpu_options = {None: (1, None, 1)}
+_quantize_rows_int8_gpu_options = {None: (1, None, 1)}
 
 
-def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
-        _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_with_residuals_gpu_kernel, m=m, n=n),
+        functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
@@ -857,22 +877,22 @@ def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_s
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
-            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="quantize_rows_int8_with_residuals",
+        name="quantize_rows_int8",
     )(x)
 
 
-def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
+def _quantize_rows_int8_mosaic_gpu_kernel(
     x_ref,
     q_ref,
     scale_ref,
@@ -931,8 +951,10 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     argmax_n_smem[...] = argmax_n
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if max_n_ref is not None:
+        plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if argmax_n_ref is not None:
+        plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem):
         start = indices[0] * block_n
@@ -955,17 +977,17 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale, max_n, argmax_n = plgpu.kernel(
-        functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        functools.partial(_quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.int32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
+            jax.ShapeDtypeStruct((padded_m,), jnp.int32) if residuals else None,
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
@@ -977,180 +999,12 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return q[:m, :n], scale[:m].reshape((m, 1)), max_n[:m].reshape((m, 1)), argmax_n[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("x: f32[M, N]",),
-    outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
-    tpu=_quantize_rows_int8_with_residuals_tpu,
-    triton=_quantize_rows_int8_with_residuals_gpu,
-    mosaic_gpu=_quantize_rows_int8_with_residuals_mosaic_gpu,
-)
-def quantize_rows_int8_with_residuals(x):
-    """`quantize_rows_int8` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (max_n, argmax_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU blocks (None: as _quantize_rows_int8_with_residuals_tpu_blocks chooses; the spec's: 32).
-
-    Returns:
-      q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
-    """
-    m = x.shape[0]
-    n = x.shape[1]
-    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    s = jnp.maximum(max_n, 1e-30) / 127
-    q = jnp.round(x / s).astype(jnp.int8)
-    scale = s
-    argmax_n = jnp.argmax(jnp.abs(x), axis=1, keepdims=True).astype(jnp.int32)
-    scale = scale.reshape((m,))
-    max_n = max_n.reshape((m,))
-    argmax_n = argmax_n.reshape((m,))
-    return q, scale, max_n, argmax_n
-
-
-def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref):
-    x = x_ref[...]
-    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
-    q_ref[...] = jnp.round(x / s).astype(jnp.int8)
-    scale_ref[...] = s
-
-
-_quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
-    "quantize_rows_int8",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows")},
-    chips={None: {"default": (32,)}},
-    step=lambda m, n, block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
-)
-
-
-def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B) + max's 32-bit copy
-    # of a block 128 B + let s 128 B.
-    return pl.pallas_call(
-        _quantize_rows_int8_kernel,
-        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.int8), jax.ShapeDtypeStruct((m, 1), jnp.float32)),  # q  # scale
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m)
-        ),
-        cost_estimate=pl.CostEstimate(flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 5 * m * n),
-        interpret=interpret,
-        name="quantize_rows_int8",
-    )(x)
-
-
-def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, n):
-    block_m, block_n = q_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    s = jnp.maximum(jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30) / 127
-    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
-    rt.store(scale_ref, s, (in_m, None))
-
-
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_quantize_rows_int8_gpu_options = {None: (1, None, 1)}
-
-
-def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    return (
+        q[:m, :n],
+        scale[:m].reshape((m, 1)),
+        (max_n[:m].reshape((m, 1)) if residuals else None),
+        (argmax_n[:m].reshape((m, 1)) if residuals else None),
     )
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
-    num_warps = num_warps or rt.row_warps(block_m * block_n)
-    return pl.pallas_call(
-        functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.int8), jax.ShapeDtypeStruct((m, 1), jnp.float32)),  # q  # scale
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="quantize_rows_int8",
-    )(x)
-
-
-def _quantize_rows_int8_mosaic_gpu_kernel(x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (max_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n_block = jnp.abs(x)
-        if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
-        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
-        return (max_n_running,)
-
-    (max_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
-    )(x_ref)
-    max_n = max_n_running
-    s = jnp.maximum(max_n, 1e-30) / 127
-    scale = s
-    scale_smem[...] = scale
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        q_buffers[slot] = jnp.round(x / rt.mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    q, scale = plgpu.kernel(
-        functools.partial(_quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8), jax.ShapeDtypeStruct((padded_m,), jnp.float32)),
-        scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.int8)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return q[:m, :n], scale[:m].reshape((m, 1))
 
 
 def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -1174,7 +1028,7 @@ def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_quantize_rows_int8_mosaic_gpu,
     vjp=_quantize_rows_int8_vjp,
     saves=("x", "max_n", "argmax_n"),
-    residuals=quantize_rows_int8_with_residuals,
+    residuals=("max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]"),
 )
 def quantize_rows_int8(x):
     """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so

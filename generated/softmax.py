@@ -17,6 +17,11 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
+
+A kernel whose backward kernels read forward values it does not output (its residuals)
+has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
+gets None for their Refs and writes nothing there.
 """
 
 import functools
@@ -31,108 +36,120 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref):
+def _softmax_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref):
     x = x_ref[...]
     max_n = jnp.max(x, axis=1, keepdims=True)
-    max_n_ref[...] = max_n
+    if max_n_ref is not None:
+        max_n_ref[...] = max_n
     e = jnp.exp(x - max_n)
     sum_n = jnp.sum(e, axis=1, keepdims=True)
-    sum_n_ref[...] = sum_n
+    if sum_n_ref is not None:
+        sum_n_ref[...] = sum_n
     y_ref[...] = e / sum_n
-    argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
+    if argmax_n_ref is not None:
+        argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "softmax_with_residuals",
+_softmax_tpu_blocks = rt.TpuBlocks(
+    "softmax",
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (256,)}, "v6e": {(4096, 4096): (128,)}},
-    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m, residuals: (
+        block_m * n,
+        28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0),
+    ),
 )
 
 
-def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
+def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
+    (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
     # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
-    # block 32 B + let e 32 B.
+    # block 32 B + let e 32 B. argmax_n, max_n, sum_n: only when the residuals are written.
     return pl.pallas_call(
-        _softmax_with_residuals_kernel,
+        _softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
-            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m)
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0)),
         ),
-        cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 16 * m * n),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x) + 4 * m * n + (12 * m * n if residuals else 0),
+        ),
         interpret=interpret,
-        name="softmax_with_residuals",
+        name="softmax",
     )(x)
 
 
-def _softmax_with_residuals_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
+def _softmax_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     max_n = jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    rt.store(max_n_ref, max_n, (in_m, None))
+    if max_n_ref is not None:
+        rt.store(max_n_ref, max_n, (in_m, None))
     e = jnp.exp(x - max_n)
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
-    rt.store(sum_n_ref, sum_n, (in_m, None))
+    if sum_n_ref is not None:
+        rt.store(sum_n_ref, sum_n, (in_m, None))
     rt.store(y_ref, e / sum_n, inside)
-    rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
+    if argmax_n_ref is not None:
+        rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
 # Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_softmax_with_residuals_gpu_options = {None: (1, None, 1)}
+_softmax_gpu_options = {None: (1, None, 1)}
 
 
-def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
+def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
+    block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
-        functools.partial(_softmax_with_residuals_gpu_kernel, m=m, n=n),
+        functools.partial(_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
-            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="softmax_with_residuals",
+        name="softmax",
     )(x)
 
 
-def _softmax_with_residuals_mosaic_gpu_kernel(
+def _softmax_mosaic_gpu_kernel(
     x_ref,
     y_ref,
     sum_n_ref,
@@ -209,9 +226,12 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     argmax_n_smem[...] = argmax_n
     max_n_smem[...] = max_n
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(sum_n_smem, sum_n_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if sum_n_ref is not None:
+        plgpu.copy_smem_to_gmem(sum_n_smem, sum_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if argmax_n_ref is not None:
+        plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if max_n_ref is not None:
+        plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem):
         start = indices[0] * block_n
@@ -235,17 +255,17 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+def _softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
-        functools.partial(_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.int32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
+            jax.ShapeDtypeStruct((padded_m,), jnp.int32) if residuals else None,
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
@@ -257,186 +277,12 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return y[:m, :n], sum_n[:m].reshape((m, 1)), argmax_n[:m].reshape((m, 1)), max_n[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("x: f32[M, N]",),
-    outputs=("y: f32[M, N]", "sum_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "max_n: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
-    tpu=_softmax_with_residuals_tpu,
-    triton=_softmax_with_residuals_gpu,
-    mosaic_gpu=_softmax_with_residuals_mosaic_gpu,
-)
-def softmax_with_residuals(x):
-    """`softmax` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (sum_n, argmax_n, max_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU blocks (None: as _softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
-    """
-    m = x.shape[0]
-    n = x.shape[1]
-    max_n = jnp.max(x, axis=1, keepdims=True)
-    e = jnp.exp(x - max_n)
-    sum_n = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    y = e / sum_n
-    argmax_n = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    sum_n = sum_n.reshape((m,))
-    argmax_n = argmax_n.reshape((m,))
-    max_n = max_n.reshape((m,))
-    return y, sum_n, argmax_n, max_n
-
-
-def _softmax_kernel(x_ref, y_ref):
-    x = x_ref[...]
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
-
-
-_softmax_tpu_blocks = rt.TpuBlocks(
-    "softmax",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n),
-)
-
-
-def _softmax_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit copy of a block 32
-    # B + sum's 32-bit copy of a block 32 B + let e 32 B.
-    return pl.pallas_call(
-        _softmax_kernel,
-        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n)
-        ),
-        cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
-        interpret=interpret,
-        name="softmax",
-    )(x)
-
-
-def _softmax_gpu_kernel(x_ref, y_ref, *, m, n):
-    block_m, block_n = y_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    e = jnp.exp(x - jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
-    rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
-
-
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_softmax_gpu_options = {None: (1, None, 1)}
-
-
-def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
-    num_warps = num_warps or rt.row_warps(block_m * block_n)
-    return pl.pallas_call(
-        functools.partial(_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="softmax",
-    )(x)
-
-
-def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        (max_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
-        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
-        return (max_n_running,)
-
-    (max_n_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
-    )(x_ref)
-    max_n = max_n_running
-
-    def reduce_2(indices, x_smem, carry):
-        (sum_n_running,) = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_n_block = e
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
-
-    (sum_n_running,) = plgpu.emit_pipeline(
-        reduce_2,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
-    )(x_ref)
-    sum_n = sum_n_running
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = e / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _softmax_mosaic_gpu(x, *, m, n, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (y,) = plgpu.kernel(
-        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return y[:m, :n]
+    return (
+        y[:m, :n],
+        (sum_n[:m].reshape((m, 1)) if residuals else None),
+        (argmax_n[:m].reshape((m, 1)) if residuals else None),
+        (max_n[:m].reshape((m, 1)) if residuals else None),
+    )
 
 
 def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -460,7 +306,7 @@ def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_softmax_mosaic_gpu,
     vjp=_softmax_vjp,
     saves=("x", "sum_n", "argmax_n", "max_n"),
-    residuals=softmax_with_residuals,
+    residuals=("sum_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "max_n: f32[M] as [M, 1]"),
 )
 def softmax(x):
     """Softmax over the last dimension.
@@ -755,93 +601,101 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     return dx
 
 
-def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
+def _log_softmax_kernel(x_ref, y_ref, logsumexp_n_ref):
     x = x_ref[...]
     logsumexp_n = rt.logsumexp(x, 1)
-    logsumexp_n_ref[...] = logsumexp_n
+    if logsumexp_n_ref is not None:
+        logsumexp_n_ref[...] = logsumexp_n
     y_ref[...] = x - logsumexp_n
 
 
-_log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
-    "log_softmax_with_residuals",
+_log_softmax_tpu_blocks = rt.TpuBlocks(
+    "log_softmax",
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
+    step=lambda m, n, block_m, residuals: (block_m * n, 20 * block_m * n + (8 * block_m if residuals else 0)),
 )
 
 
-def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
+def _log_softmax_tpu(x, *, m, n, block_m, residuals, interpret):
+    (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B.
+    # 32-bit copy of a block 32 B. logsumexp_n: only when the residuals are written.
     return pl.pallas_call(
-        _log_softmax_with_residuals_kernel,
+        _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_n
         ),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m)
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + (8 * block_m if residuals else 0)),
         ),
-        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 8 * m * n),
+        cost_estimate=pl.CostEstimate(
+            flops=m * n,
+            transcendentals=m * n,
+            bytes_accessed=rt.nbytes(x) + 4 * m * n + (4 * m * n if residuals else 0),
+        ),
         interpret=interpret,
-        name="log_softmax_with_residuals",
+        name="log_softmax",
     )(x)
 
 
-def _log_softmax_with_residuals_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
+def _log_softmax_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
     x = rt.load(x_ref, inside)
     logsumexp_n = rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1)
-    rt.store(logsumexp_n_ref, logsumexp_n, (in_m, None))
+    if logsumexp_n_ref is not None:
+        rt.store(logsumexp_n_ref, logsumexp_n, (in_m, None))
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
 # Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_log_softmax_with_residuals_gpu_options = {None: (1, None, 1)}
+_log_softmax_gpu_options = {None: (1, None, 1)}
 
 
-def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
     block_m, num_warps, num_stages = rt.triton_options(
-        _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
-        functools.partial(_log_softmax_with_residuals_gpu_kernel, m=m, n=n),
+        functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            (
+                pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None
+            ),  # logsumexp_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name="log_softmax_with_residuals",
+        name="log_softmax",
     )(x)
 
 
-def _log_softmax_with_residuals_mosaic_gpu_kernel(
-    x_ref, y_ref, logsumexp_n_ref, logsumexp_n_smem, y_buffers, *, block_m, block_n, n
-):
+def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, logsumexp_n_smem, y_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -869,7 +723,8 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     logsumexp_n = logsumexp_over_n
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    if logsumexp_n_ref is not None:
+        plgpu.copy_smem_to_gmem(logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)])
 
     def write(indices, x_smem):
         start = indices[0] * block_n
@@ -892,179 +747,22 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+def _log_softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
-        functools.partial(_log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
         scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
     )(x)
-    return y[:m, :n], logsumexp_n[:m].reshape((m, 1))
-
-
-@rt.kernel(
-    inputs=("x: f32[M, N]",),
-    outputs=("y: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
-    tpu=_log_softmax_with_residuals_tpu,
-    triton=_log_softmax_with_residuals_gpu,
-    mosaic_gpu=_log_softmax_with_residuals_mosaic_gpu,
-)
-def log_softmax_with_residuals(x):
-    """`log_softmax` as `jax.grad` runs it forward: its outputs, then what its
-    backward kernels read that it does not output (logsumexp_n).
-
-    Args:
-      x: f32[M, N].
-      block_m: TPU blocks (None: as _log_softmax_with_residuals_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      y: f32[M, N]; logsumexp_n: f32[M].
-    """
-    m = x.shape[0]
-    n = x.shape[1]
-    logsumexp_n = jax.nn.logsumexp(x, axis=1, keepdims=True)
-    y = x - logsumexp_n
-    logsumexp_n = logsumexp_n.reshape((m,))
-    return y, logsumexp_n
-
-
-def _log_softmax_kernel(x_ref, y_ref):
-    x = x_ref[...]
-    y_ref[...] = x - rt.logsumexp(x, 1)
-
-
-_log_softmax_tpu_blocks = rt.TpuBlocks(
-    "log_softmax",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n),
-)
-
-
-def _log_softmax_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's 32-bit copy of a
-    # block 32 B.
-    return pl.pallas_call(
-        _log_softmax_kernel,
-        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n)
-        ),
-        cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + 4 * m * n),
-        interpret=interpret,
-        name="log_softmax",
-    )(x)
-
-
-def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, n):
-    block_m, block_n = y_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
-
-
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
-_log_softmax_gpu_options = {None: (1, None, 1)}
-
-
-def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
-    # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
-    num_warps = num_warps or rt.row_warps(block_m * block_n)
-    return pl.pallas_call(
-        functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
-        grid=(pl.cdiv(m, block_m),),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="log_softmax",
-    )(x)
-
-
-def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        logsumexp_n_running, logsumexp_n_index = carry
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        logsumexp_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            logsumexp_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
-            )
-        logsumexp_n_running, logsumexp_n_index = rt.mgpu_logsumexp_step(
-            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
-        )
-        return (logsumexp_n_running, logsumexp_n_index)
-
-    logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
-    )(x_ref)
-    logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
-
-    def write(indices, x_smem):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        slot = indices[0] % 2
-        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
-        )
-
-    plgpu.emit_pipeline(
-        write,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-    )(x_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % block_m, n + -n % block_n
-    x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (y,) = plgpu.kernel(
-        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
-        interpret=interpret,
-    )(x)
-    return y[:m, :n]
+    return y[:m, :n], (logsumexp_n[:m].reshape((m, 1)) if residuals else None)
 
 
 def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
@@ -1088,7 +786,7 @@ def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     mosaic_gpu=_log_softmax_mosaic_gpu,
     vjp=_log_softmax_vjp,
     saves=("x", "logsumexp_n"),
-    residuals=log_softmax_with_residuals,
+    residuals=("logsumexp_n: f32[M] as [M, 1]",),
 )
 def log_softmax(x):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.

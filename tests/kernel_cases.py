@@ -69,6 +69,35 @@ def generated_module(stem: str) -> ModuleType:
     return load_module(GENERATED / f"{stem}.py", f"_pallasgen_generated_{stem}")
 
 
+def kernel_of(stem: str, name: str):
+    """A bundled module's kernel by name; `NAME_with_residuals`, where no kernel saves them
+    apart: NAME's `with_residuals` (its outputs, then the residuals its forward pass saves
+    under jax.grad)."""
+    module = generated_module(stem)
+    if name.endswith(WITH_RESIDUALS) and not hasattr(module, name):
+        return WithResiduals(getattr(module, name.removesuffix(WITH_RESIDUALS)))
+    return getattr(module, name)
+
+
+WITH_RESIDUALS = "_with_residuals"
+
+
+class WithResiduals:
+    """A kernel called for its outputs and residuals (`with_residuals`), with the
+    kernel's name, module (`__wrapped__`), keywords (`options`) and cache; no `reference`:
+    the residuals have none (the NumPy references check them)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.options, self.__name__ = kernel, kernel.options, kernel.__name__
+        self.__wrapped__ = kernel.__wrapped__
+
+    def __call__(self, *arrays, **keywords):
+        return self.kernel.with_residuals(*arrays, **keywords)
+
+    def clear_cache(self):
+        self.kernel.clear_cache()
+
+
 def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
     """Make a generated module's dispatch run the Triton kernel, passing `interpret` on,
     so that the GPU path runs in interpret mode on CPU. (The real dispatch follows the
@@ -1714,7 +1743,7 @@ def jitted_reference(module_stem: str, kernel: str):
 
 def run_kernel(module_stem: str, kernel: str, arrays, **keywords) -> tuple[np.ndarray, ...]:
     """A generated kernel's outputs as NumPy arrays."""
-    fn = getattr(generated_module(module_stem), kernel)
+    fn = kernel_of(module_stem, kernel)
     return tuple(np.asarray(out) for out in as_tuple(fn(*map(jnp.asarray, arrays), **keywords)))
 
 

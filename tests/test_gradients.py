@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    kernel_of,
     pallas_calls_and_primitives,
     CASES,
     add_backward_numpy,
@@ -217,12 +218,12 @@ def inputs_and_cotangents(case_id: str, seed: int = 0):
 
 def kernel_vjp(case, arrays, cotangents, **keywords):
     """The inputs' cotangents by jax.vjp of the generated kernel, in interpret mode."""
-    kernel = getattr(generated_module(case.module), case.kernel)
+    kernel = kernel_of(case.module, case.kernel)
     return vjp_of(functools.partial(kernel, interpret=True, **keywords), arrays, cotangents)
 
 
 def reference_vjp(case, arrays, cotangents):
-    return vjp_of(getattr(generated_module(case.module), case.kernel).reference, arrays, cotangents)
+    return vjp_of(kernel_of(case.module, case.kernel).reference, arrays, cotangents)
 
 
 def vjp_of(function, arrays, cotangents):
@@ -298,7 +299,7 @@ def test_check_grads_on_small_f32_inputs(case_id):
     arrays = [jnp.asarray(a) for a in case.make_inputs(rng, sizes)]
     if case_id == "activations.leaky":  # finite differences across the kink at 0 disagree
         arrays = [a + jnp.where(a >= 0, 0.5, -0.5) for a in arrays]
-    check_grads(getattr(generated_module(case.module), case.kernel), arrays, order=1, modes=["rev"])
+    check_grads(kernel_of(case.module, case.kernel), arrays, order=1, modes=["rev"])
 
 
 def test_check_grads_on_small_boxes():

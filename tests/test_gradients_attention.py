@@ -165,23 +165,23 @@ def test_the_log_sum_exp_outputs_cotangent_reaches_the_inputs(attention):
 BACKWARD_CALLS = {
     "attention": ["attention", "attention_backward_dq", "attention_backward_dkdv"],
     "attention_full": [
-        "attention_full_with_residuals",
+        "attention_full",
         "attention_full_backward_dq",
         "attention_full_backward_dkdv",
     ],
     "attention_bottom_right": [
-        "attention_bottom_right_with_residuals",
+        "attention_bottom_right",
         "attention_bottom_right_backward_dq",
         "attention_bottom_right_backward_dkdv",
     ],
-    "gqa": ["gqa_with_residuals", "gqa_backward_dq", "gqa_backward_dkdv", "gqa_backward_over_r"],
+    "gqa": ["gqa", "gqa_backward_dq", "gqa_backward_dkdv", "gqa_backward_over_r"],
 }
 
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_grad_runs_the_derived_backward_kernels_not_xlas_differentiation(attention, name):
-    """The forward pass saving the log-sum-exp (the kernel itself where it outputs one),
-    then the backward kernels; no product or exp outside them."""
+    """The forward pass (the kernel, writing the log-sum-exp too where it does not output
+    one), then the backward kernels; no product or exp outside them."""
     (q, k, v), _ = arrays(name, np.random.default_rng(2), s=70, t=90)
 
     def loss(q, k, v):
@@ -211,10 +211,12 @@ def test_grad_of_causal_attention_never_reads_the_keys_no_query_sees(attention, 
 
 
 def test_the_saving_kernel_skips_the_blocks_the_kernel_skips():
-    """attention_bottom_right_with_residuals computes the log-sum-exp in the kernel's own
-    sweep over T (one carry of max and one of exp-sums for both), and skips where it does."""
-    checked = {c.kernel.name: c for c in every_kernel(check_source(SPEC.read_text(), str(SPEC)))}
-    forward, saving = checked["attention_bottom_right"], checked["attention_bottom_right_with_residuals"]
+    """attention_bottom_right, writing its residual log-sum-exp under jax.grad, computes it
+    in the kernel's own sweep over T (one carry of max and one of exp-sums for both), and
+    skips where it does."""
+    checked = {c.kernel.name: c for c in check_source(SPEC.read_text(), str(SPEC))}
+    forward = checked["attention_bottom_right"]
+    saving = forward.gradient.saving
     assert saving.sweep.skip is not None and saving.sweep.skip.condition == forward.sweep.skip.condition
     assert sorted(c.kind for c in saving.sweep.carries) == sorted(c.kind for c in forward.sweep.carries)
 

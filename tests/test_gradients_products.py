@@ -188,7 +188,7 @@ def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(mm):
     calls, primitives = pallas_calls_and_primitives(jaxpr)
     assert sorted(calls) == sorted(
         [
-            "matmul_bias_gelu_with_residuals",
+            "matmul_bias_gelu",  # writing its accumulator too, the residual the backward kernels read
             "matmul_bias_gelu_backward_x",
             "matmul_bias_gelu_backward_y",
         ]
@@ -246,12 +246,14 @@ def test_a_computed_operand_the_fused_middle_cannot_lay_out_keeps_separate_kerne
 
 def test_a_plain_product_takes_the_outputs_cotangent_straight_to_the_products(mm):
     """matmul and linear: no epilogue kernel, and the forward pass saves nothing but the
-    inputs (it runs the kernel itself, not NAME_with_residuals)."""
+    inputs (the kernel has no residuals to write)."""
     x, y = jax.ShapeDtypeStruct((40, 200), jnp.float32), jax.ShapeDtypeStruct((200, 300), jnp.float32)
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, y: mm.matmul(x, y, interpret=True).sum(), argnums=(0, 1)))(x, y)
     calls, _ = pallas_calls_and_primitives(jaxpr)
     assert sorted(calls) == ["matmul", "matmul_backward_x", "matmul_backward_y"]
-    assert not hasattr(mm, "linear_backward_epilogue") and not hasattr(mm, "linear_with_residuals")
+    assert not hasattr(mm, "linear_backward_epilogue")
+    with pytest.raises(TypeError, match="linear saves no residuals"):
+        mm.linear.with_residuals(x, y)
 
 
 def open_spec() -> str:

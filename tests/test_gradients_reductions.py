@@ -22,6 +22,7 @@ import pytest
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    kernel_of,
     pallas_calls_and_primitives,
     CASES,
     cross_entropy_backward_numpy,
@@ -130,8 +131,8 @@ def test_at_a_tie_the_first_extremum_takes_the_whole_cotangent(reduction_module,
 
 @pytest.mark.parametrize("blocked", [True, False], ids=["blocked", "whole"])
 def test_the_forward_pass_saves_the_reductions_that_the_backward_kernel_reads(blocked):
-    """The log-sum-exp, and the argmax beside a max, are saved by NAME_with_residuals
-    (a row's statistic: N times smaller than the row), and the backward kernel is
+    """The log-sum-exp, and the argmax beside a max, are saved, written by the kernel under
+    jax.grad (a row's statistic: N times smaller than the row), and the backward kernel is
     elementwise over N, whether N is swept in blocks or held whole."""
     gradients = {k.kernel.name: k.gradient for k in check_source(reduction_spec(blocked), "r.pallas")}
     assert gradients["reduce_4"].residuals == ("logsumexp_n",)
@@ -241,7 +242,7 @@ def vjp_of(function, arrays, cotangents):
 
 
 def kernel_vjp(case, arrays, cotangents, **keywords):
-    kernel = getattr(generated_module(case.module), case.kernel)
+    kernel = kernel_of(case.module, case.kernel)
     return vjp_of(functools.partial(kernel, interpret=True, **keywords), arrays, cotangents)
 
 
@@ -270,7 +271,7 @@ def path(request, monkeypatch):
 def test_vjp_of_the_kernel_is_the_vjp_of_its_reference_at_ragged_sizes(case_id, path):
     case, arrays, cotangents = inputs_and_cotangents(case_id)
     got = kernel_vjp(case, arrays, cotangents)
-    want = vjp_of(getattr(generated_module(case.module), case.kernel).reference, arrays, cotangents)
+    want = vjp_of(kernel_of(case.module, case.kernel).reference, arrays, cotangents)
     assert len(got) == len(want) == len(arrays)
     for g, w, a in zip(got, want, arrays):
         assert g.dtype == w.dtype and g.shape == w.shape == a.shape, case_id
@@ -292,7 +293,7 @@ def test_vjp_of_the_kernel_is_the_float64_numpy_derivative(case_id, path):
 
 def test_integer_outputs_give_zero_cotangents_without_a_backward_kernel():
     module = generated_module("reductions")
-    assert not hasattr(module, "argmax_blocked_backward") and not hasattr(module, "argmax_blocked_with_residuals")
+    assert not hasattr(module, "argmax_blocked_backward")
     dx = jax.grad(lambda x: module.argmax_blocked(x, interpret=True).sum().astype(jnp.float32))(jnp.ones((9, 700)))
     assert not np.asarray(dx).any()
 
@@ -349,24 +350,24 @@ def test_check_grads_on_small_f32_inputs(tmp_path):
 @pytest.mark.parametrize(
     ("module", "kernel", "arrays", "kernels"),
     [
-        ("softmax", "softmax", [((40, 300), jnp.float32)], ["softmax_with_residuals", "softmax_backward"]),
+        ("softmax", "softmax", [((40, 300), jnp.float32)], ["softmax", "softmax_backward"]),
         (
             "norms",
             "layer_norm",
             [((40, 300), jnp.bfloat16), ((300,), jnp.float32), ((300,), jnp.float32)],
-            ["layer_norm_with_residuals", "layer_norm_backward", "layer_norm_backward_over_m"],
+            ["layer_norm", "layer_norm_backward", "layer_norm_backward_over_m"],
         ),
         (
             "losses",
             "cross_entropy",
             [((40, 3000), jnp.bfloat16), ((40,), jnp.int32)],
-            ["cross_entropy_with_residuals", "cross_entropy_backward"],
+            ["cross_entropy", "cross_entropy_backward"],
         ),
     ],
 )
 def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(module, kernel, arrays, kernels):
-    """The jaxpr of jax.grad holds the forward pallas_call (the one that saves the
-    residuals) and the backward ones, and no exp or reduction outside
+    """The jaxpr of jax.grad holds the forward pallas_call (writing the residuals too) and
+    the backward ones, and no exp or reduction outside
     them: the derivatives are computed in the backward kernels."""
     function = getattr(generated_module(module), kernel)
     shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in arrays]

@@ -44,6 +44,8 @@ KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is
 # A kernel's Mosaic GPU launcher may be another's, written once: its public function names it (None: refused).
 TAKEN = [(m, k) for m, k in KERNELS if getattr(generated_module(m), k)._launchers["mosaic_gpu"][0] is not None]
 REFUSED = [(m, k) for m, k in KERNELS if (m, k) not in TAKEN]  # none (a test says so)
+# The kernels that write residuals too under jax.grad (`with_residuals`).
+SAVING = [(m, k) for m, k in TAKEN if getattr(generated_module(m), k)._residuals]
 
 SIZES = {
     "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096, "head": 128},
@@ -187,6 +189,36 @@ def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kern
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, np.abs(w).max(initial=0)))
 
 
+@pytest.mark.parametrize("module, kernel", SAVING, ids=[f"{m}.{k}" for m, k in SAVING])
+def test_a_kernel_writing_its_residuals_lowers_to_mosaic_gpu(module, kernel):
+    """`with_residuals` (the forward pass under jax.grad): every output's and residual's
+    tile copied out, on Mosaic GPU alone."""
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, "ragged")]
+    text = _cuda_text(getattr(generated_module(module), kernel).with_residuals, args, gpu_backend="mosaic_gpu")
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.parametrize("module, kernel", SAVING, ids=[f"{m}.{k}" for m, k in SAVING])
+def test_residuals_interpreted_on_mosaic_gpu_equal_the_tpu_kernels(module, kernel, monkeypatch):
+    """The outputs and residuals `with_residuals` gives on Mosaic GPU (interpreted) against
+    the TPU kernel's (interpreted): the residuals have no reference of their own."""
+    function = getattr(generated_module(module), kernel)
+    rng = np.random.default_rng(0)
+    shapes = _shapes(module, kernel, "ragged")
+    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
+    want = function.with_residuals(*arrays, interpret=True)
+    take_gpu_branch(monkeypatch, generated_module(module))
+    got = function.with_residuals(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER())
+    assert len(got) == len(want) > len(function.output_names)
+    depth = max(shape[-1] for shape, _ in shapes)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        rtol = 2.0**-7 if w.dtype.itemsize == 2 else 2.0**-20 * depth
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, np.abs(w).max(initial=0)))
+
+
 @pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
 @pytest.mark.parametrize("n", [5, 1, 3001])
 def test_add_vectors_on_mosaic_gpu_is_exact_to_the_last_element(n, monkeypatch):
@@ -227,7 +259,7 @@ def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector
     taken = {k for _, k in TAKEN}
     assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
     assert {"layer_norm_backward", "rms_norm_backward"} <= taken
-    assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
+    assert {("matmul", "matmul_relu"), ("matmul", "matmul_bias_gelu"), ("norms", "layer_norm")} <= set(SAVING)
     assert {"scores_backward_epilogue", "gqa_backward_over_r"} <= taken
 
 
@@ -394,8 +426,8 @@ TAKEN_SPECS = {
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
     ),
-    # A product with two outputs (its accumulator saved for jax.grad, as NAME_with_residuals
-    # does): each output's tile copied out.
+    # A product with two outputs (as one that writes its accumulator for jax.grad too):
+    # each output's tile copied out.
     "product-with-two-outputs": (
         "in x: bf16[M, K]\nin w: bf16[K, N]\nin b: f32[N]\nout z: bf16[M, N]\nout a: f32[M, N]\n"
         "a = x @ w\nz = relu(a + b)",
@@ -614,7 +646,8 @@ def test_mosaic_gpu_takes_the_attention_family_and_its_gradients():
     taken = {k for _, k in TAKEN}
     assert ATTENTION <= taken
     derived = {f"{k}_{part}" for k in ("attention", "gqa") for part in ("backward_dq", "backward_dkdv")}
-    assert derived | {"attention_full_with_residuals", "gqa_with_residuals"} <= taken
+    assert derived <= taken
+    assert {("attention", "attention_full"), ("attention", "gqa")} <= set(SAVING)
 
 
 def _interpreted_attention(kernel, monkeypatch, *arrays, **keywords):

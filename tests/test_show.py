@@ -413,7 +413,9 @@ def test_show_states_the_grid_index_maps_and_semantics_of_the_generated_module(n
     assert [role for _, _, role in facts["grid"]] == list(semantics)
     outs = keywords["out_specs"]
     specs = keywords["in_specs"].elts + (outs.elts if isinstance(outs, ast.Tuple) else [outs])
-    for decl, spec in zip(decls(checked), specs, strict=True):
+    drawn = len(decls(checked))  # then the residuals', written under jax.grad only: `spec if residuals else None`
+    assert all(isinstance(spec, ast.IfExp) for spec in specs[drawn:])
+    for decl, spec in zip(decls(checked), specs[:drawn], strict=True):
         shape, index_map = spec.args
         body = inlined(index_map.body, function)
         mapping = f"({', '.join(a.arg for a in index_map.args.args)}) -> {ast.unparse(body)}"

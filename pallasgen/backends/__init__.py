@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.gradients.derive import every_kernel
+from pallasgen.gradients.derive import every_kernel, launched
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
@@ -34,6 +34,11 @@ class ModulePlan:
     kernels: tuple[KernelPlan, ...]
     templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
     targets: tuple[str, ...] = TARGETS  # those it is generated for
+
+    @property
+    def saves_residuals(self) -> bool:
+        """Whether a kernel's launchers write residuals when asked (`LoweredKernel.residuals`)."""
+        return any(o.residual for k in self.kernels for o in k.outputs)
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...], targets: tuple[str, ...] = TARGETS) -> ModulePlan:
@@ -73,11 +78,17 @@ def _plan_kernel(
     backends: tuple[Backend, ...],
     targets: tuple[str, ...],
 ) -> KernelPlan:
-    groups = [backend.keywords(checked, targets) for backend in backends]
+    run, residuals = launched(checked)  # with its residuals as outputs too, where jax.grad saves some
+    # A backend that takes the kernel but not with its residuals plans it alone (see `writes_residuals`).
+    runs = {b.name: run if b.writes_residuals(checked, targets) else checked for b in backends}
+    groups = [backend.keywords(runs[backend.name], targets) for backend in backends]
     public_keywords = {k.name for group in groups for k in group.keywords}
-    reserved = {name for backend in backends for name in backend.reserved_names(checked)}
-    lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
-    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered, targets) for backend in backends})
+    reserved = {name for backend in backends for name in backend.reserved_names(runs[backend.name])}
+    taken = frozenset(module_names | public_keywords | reserved)
+    lowered = lower_kernel(run, taken, residuals, checked.kernel if residuals else None)
+    public = lower_kernel(checked, taken) if residuals else lowered
+    backend_plans = {b.name: b.plan(lowered if runs[b.name] is run else public, targets) for b in backends}
+    plan = plan_kernel(lowered, groups, backend_plans, public)
     passed_on = tuple(name for backend in backends for name in backend.backward_keywords(targets))
     gradient = plan_gradient(checked, lowered.values, spec_path, module_names, passed_on)
     if gradient is None:

@@ -123,6 +123,12 @@ class Backend(ABC):
     def plan(self, lowered: LoweredKernel, targets: tuple[str, ...] = TARGETS) -> object:
         """Its plan of a kernel, in a module generated for `targets`: plain data for its template."""
 
+    def writes_residuals(self, checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> bool:
+        """Whether it plans a kernel that saves residuals for jax.grad as the kernel that
+        writes them too when asked (gradients.derive.launched); where not, as the kernel
+        alone, whose launcher takes no `residuals`: under jax.grad another backend's runs."""
+        return True
+
     @abstractmethod
     def blocks_at(self, plan, sizes: dict[str, int]) -> dict[str, int]:
         """The block of each dimension that `plan.tiling` gives a block ("block" extent), as

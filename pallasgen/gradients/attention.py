@@ -15,8 +15,8 @@ product by the derivative rules (analysis.derivatives): a `where` mask gives 0 w
 it masks, which lets the fused sweep skip the blocks past a causal diagonal. A k, v
 broadcast over a dimension of q (grouped-query attention's R) gets per-element
 cotangents summed over it by a third kernel. The forward pass saves the output and the
-log-sum-exp: the kernel's `logsumexp` output, else a residual that NAME_with_residuals
-computes in the same sweep.
+log-sum-exp: the kernel's `logsumexp` output, else a residual that the kernel writes
+too under jax.grad, computed in the same sweep.
 """
 
 from __future__ import annotations

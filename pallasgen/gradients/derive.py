@@ -4,11 +4,12 @@ checked like any kernel, and the forward values its forward pass saves for them.
 A derivation (`DERIVATIONS`, the first that takes the kernel) gives the backward
 kernels as `ir.Kernel`s in call order (gradients.backward). Where they read forward
 values that are neither inputs nor outputs (residuals: a product's accumulator, a
-row's log-sum-exp), the forward pass under `jax.grad` runs a second kernel derived
-here, `NAME_with_residuals`: the kernel with the residuals as extra outputs. Every
-derived kernel goes through the same checks, lowering and backends as any other, and
-its nodes keep the positions of the forward nodes they come from, so its diagnostics
-point at the spec.
+row's log-sum-exp), the kernel's launchers are planned from a kernel derived here: the
+kernel with the residuals as extra outputs (`launched`), which they write only when the
+forward pass under `jax.grad` asks; or, where that kernel carries more than the kernel
+does, it is a kernel of its own, NAME_with_residuals (`saved_apart`). Every derived kernel goes through the same checks,
+lowering and backends as any other, and its nodes keep the positions of the forward
+nodes they come from, so its diagnostics point at the spec.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Gradient:
     where the spec says `grad none`, or where they are `not_yet` generated."""
 
     kernels: tuple[BackwardKernel, ...] = ()
-    saving: CheckedKernel | None = None  # NAME_with_residuals: the outputs, then the residuals
+    saving: CheckedKernel | None = None  # the kernel with its outputs, then the residuals (`launched`)
     residuals: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()  # the forward values the backward kernels recompute
     turned_off: ir.GradNone | None = None
@@ -72,7 +73,8 @@ def with_gradients(kernels: tuple[CheckedKernel, ...], backends=()) -> tuple[Che
 
 def every_kernel(kernels: tuple[CheckedKernel, ...]) -> tuple[CheckedKernel, ...]:
     """All that a module of `kernels` defines: each kernel, after the kernel that saves its
-    residuals (which its public function names), and before its backward kernels."""
+    residuals where that is apart (`saved_apart`, which its public function names), and
+    before its backward kernels."""
     return tuple(k for checked in kernels for k in _with_derived_kernels(checked))
 
 
@@ -80,7 +82,31 @@ def _with_derived_kernels(checked: CheckedKernel) -> tuple[CheckedKernel, ...]:
     gradient = checked.gradient
     if not gradient:
         return (checked,)
-    return (*((gradient.saving,) if gradient.saving else ()), checked, *(k.checked for k in gradient.kernels))
+    apart = (gradient.saving,) if saved_apart(checked) else ()
+    return (*apart, checked, *(k.checked for k in gradient.kernels))
+
+
+def saved_apart(checked: CheckedKernel) -> bool:
+    """Whether the kernel that saves its residuals is a kernel of its own, NAME_with_residuals:
+    where it carries more across its sweep than the kernel does (an argmax beside a max:
+    a plain call would carry that too, and might lose a faster layout)."""
+    saving = checked.gradient.saving if checked.gradient else None
+    if saving is None or saving.sweep is None:
+        return False
+    return checked.sweep is None or len(saving.sweep.carries) > len(checked.sweep.carries)
+
+
+def launched(checked: CheckedKernel) -> tuple[CheckedKernel, int]:
+    """What a kernel's launchers run, and how many of its last outputs are residuals: the
+    kernel that saves its residuals too, under the kernel's own name and tuned blocks
+    (its launchers write them only when asked), or the kernel itself and 0 (it saves
+    none, or saves them apart: `saved_apart`)."""
+    saving = checked.gradient.saving if checked.gradient else None
+    if saving is None or saved_apart(checked):
+        return checked, 0
+    kernel = dataclasses.replace(saving.kernel, name=checked.kernel.name, doc=checked.kernel.doc)
+    residuals = len(saving.kernel.outputs) - len(checked.kernel.outputs)
+    return dataclasses.replace(saving, kernel=kernel, tuned=checked.tuned), residuals
 
 
 def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel]) -> tuple[Gradient, list]:

@@ -21,7 +21,7 @@ is an elementwise kernel of its own, NAME_backward_epilogue, and each sum one mo
 NAME_backward_over_m.
 
 What the forward pass saves: the product's value (the accumulator, as the residual
-`acc`, written by NAME_with_residuals) where the epilogue's derivative reads it (gelu,
+`acc`, which the kernel writes too under jax.grad) where the epilogue's derivative reads it (gelu,
 relu), and nothing but the inputs where it does not (a scale, a bias).
 """
 

@@ -1,8 +1,8 @@
 """How a generated kernel is differentiated: its public function (`rt.kernel`) runs the
 forward kernel as a `jax.custom_vjp` whose backward pass is `_NAME_vjp`, which calls the
 kernel's backward kernels (gradients.derive). Where they read the kernel's outputs or
-residuals, the forward pass under jax.grad saves them (`saves`), running
-NAME_with_residuals for residuals. Keywords and params stay static: they are bound, not
+residuals, the forward pass under jax.grad saves them (`saves`), its launchers writing
+the residuals too (or NAME_with_residuals, where that is apart). Keywords and params stay static: they are bound, not
 differentiated."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.gradients.derive import Gradient
+from pallasgen.gradients.derive import Gradient, saved_apart
 from pallasgen.analysis.names import Namer
 from pallasgen.lowering.parts import LINE_LENGTH, parameter_list
 
@@ -33,7 +33,7 @@ class GradientPlan:
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
     saves: tuple[str, ...]  # the spec names of what the forward pass saves (none: its inputs)
-    residuals: str | None  # the kernel that returns the residuals saved too (NAME_with_residuals)
+    saving: str | None  # the kernel that writes the residuals saved, where it is apart (NAME_with_residuals)
     saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
     cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
@@ -111,7 +111,7 @@ def plan_gradient(
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
         saves=saves,
-        residuals=gradient.saving.kernel.name if saves and gradient.saving is not None else None,
+        saving=gradient.saving.kernel.name if saves and saved_apart(checked) else None,
         saved=saved,
         cotangents=_unpacked(
             [names[(o.name, "cotangent")] if (o.name, "cotangent") in read else "_" for o in kernel.outputs]

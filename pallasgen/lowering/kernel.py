@@ -3,7 +3,7 @@ the arrays, the public signature, and the reference in plain jax.numpy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
@@ -33,6 +33,7 @@ class ArrayPlan:
     restore: str | None  # reshapes an output of lower rank than the layout to its own shape
     layout: tuple[str | None, ...]  # how kernels hold it: its dimensions, None where it has size 1
     reference_restore: str | None = None  # the same in the reference (when its layout differs)
+    residual: bool = False  # an output saved for jax.grad only: its launcher writes it when asked (`residuals`)
 
     @property
     def declared(self) -> str:
@@ -58,10 +59,22 @@ class LoweredKernel:
     accumulator: str  # the product's value in kernels ("" without a product)
     inputs: tuple[ArrayPlan, ...]
     outputs: tuple[ArrayPlan, ...]
+    plain: ir.Kernel | None = None  # with `residuals`: the kernel a call that writes none computes
 
     @property
     def kernel(self) -> ir.Kernel:
         return self.checked.kernel
+
+    @property
+    def residuals(self) -> tuple[ArrayPlan, ...]:
+        """The outputs saved for jax.grad only, which a launcher writes when its `residuals`
+        keyword asks (a None Ref in the kernel otherwise)."""
+        return tuple(o for o in self.outputs if o.residual)
+
+    @property
+    def residual_names(self) -> frozenset[str]:
+        """The spec names of `residuals`."""
+        return frozenset(o.spec_name for o in self.residuals)
 
     def emitter(self, tpu: bool = False, spelling=None, overrides=None, carried=False, **backend) -> Emitter:
         """An emitter of this kernel's expressions: the product is its accumulator (unless
@@ -92,9 +105,13 @@ class KernelPlan:
     gradient: GradientPlan | None = None  # how jax.grad differentiates it (None: as JAX can)
 
 
-def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel:
+def lower_kernel(
+    checked: CheckedKernel, taken: frozenset[str], residuals: int = 0, plain: ir.Kernel | None = None
+) -> LoweredKernel:
     """Names for a kernel's values, sizes and refs, avoiding `taken` (module-level names,
-    the public keywords and the backends' own)."""
+    the public keywords and the backends' own); its last `residuals` outputs are saved for
+    jax.grad only (the kernel's forward pass under jax.grad, gradients.derive), `plain`
+    what it computes without them."""
     kernel, dims, product = checked.kernel, checked.dims, checked.product
     out_dims = checked.space.layout
     namer = Namer(taken | {p.name for p in kernel.params})
@@ -146,7 +163,11 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
         names={**values, **{p.name: p.name for p in kernel.params}},
         accumulator=accumulator,
         inputs=tuple(array_plan(d) for d in kernel.inputs),
-        outputs=tuple(array_plan(d) for d in kernel.outputs),
+        outputs=tuple(
+            replace(array_plan(d), residual=True) if i >= len(kernel.outputs) - residuals else array_plan(d)
+            for i, d in enumerate(kernel.outputs)
+        ),
+        plain=plain,
     )
 
 
@@ -179,25 +200,30 @@ def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref
     )
 
 
-def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: dict[str, object]) -> KernelPlan:
-    """The kernel's shared plan, with `groups` of keywords and `backends`' plans."""
-    kernel, checked = lowered.kernel, lowered.checked
-    values, sizes = lowered.values, lowered.sizes
-    reference_body, needs_sizes = _reference_statements(lowered)
-    public = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
+def plan_kernel(
+    lowered: LoweredKernel, groups: list[KeywordGroup], backends: dict[str, object], public: LoweredKernel | None = None
+) -> KernelPlan:
+    """The kernel's shared plan, with `groups` of keywords and `backends`' plans of
+    `lowered`; `public`: the kernel the public function and its reference compute, where
+    `lowered` has its residuals as outputs too (`LoweredKernel.residuals`)."""
+    public = public or lowered
+    kernel, checked = public.kernel, public.checked
+    values, sizes = public.values, lowered.sizes
+    reference_body, needs_sizes = _reference_statements(public)
+    public_signature = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
     return KernelPlan(
         name=kernel.name,
-        doc=_docstring(kernel, public, values),
+        doc=_docstring(kernel, public_signature, values),
         inputs=lowered.inputs,
         outputs=lowered.outputs,
-        signature=public,
+        signature=public_signature,
         sizes=tuple((sizes[d], d) for d in checked.dims),
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={param_default(p)}" for p in kernel.params]
         ),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
         reference_sizes=tuple(
-            f"{sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
+            f"{public.sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
             for d in checked.space.layout
             if needs_sizes
         ),

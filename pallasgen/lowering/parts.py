@@ -76,8 +76,28 @@ def ref_load(refs):
     return lambda decl: f"{refs[decl.name]}[...]"
 
 
-def ref_store(refs):
-    return lambda decl, value: f"{refs[decl.name]}[...] = {value}"
+def ref_store(refs, residuals=frozenset()):
+    """An output's store into its Ref; a residual's (of `residuals`, spec names) only where
+    the launcher asked for the residuals (`saved_only`)."""
+
+    def store(decl, value):
+        line = f"{refs[decl.name]}[...] = {value}"
+        return saved_only(refs[decl.name], line) if decl.name in residuals else line
+
+    return store
+
+
+def saved_only(ref: str, line: str) -> str:
+    """`line`, which writes a residual's Ref, where the launcher passed one: a launcher
+    passes None for each residual unless its `residuals` keyword asks for them (the
+    forward pass under jax.grad). One line: black breaks it after the colon."""
+    return f"if {ref} is not None: {line}"
+
+
+def if_residuals(code: str, array) -> str:
+    """A launcher's `code` for an output (its BlockSpec, its shape): None for a residual
+    (an ArrayPlan's `residual`) unless the launcher's `residuals` keyword asks for it."""
+    return f"{code} if residuals else None" if array.residual else code
 
 
 def kernel_statements(kernel, emitter: Emitter, values, refs, checked, load, store) -> list[str]:

@@ -445,7 +445,7 @@ def on_platform(
     )
 
 
-def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residuals=None, **launchers):
+def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residuals=None, saving=None, **launchers):
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
     launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
@@ -459,7 +459,8 @@ def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residua
         launchers=launchers,
         vjp=vjp,
         saves=saves,
-        residuals=residuals,
+        residuals=declared_arrays(residuals or ()),
+        saving=saving,
     )
 
 
@@ -510,8 +511,10 @@ class Kernel:
       its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
     - `vjp`: the backward pass, `vjp(saved, cotangents, **keywords)` (None: the kernel is
       not differentiated by backward kernels); `saves`: the names of the arrays it reads,
-      by default the inputs; `residuals`: the kernel that also returns the residuals among
-      them (NAME_with_residuals).
+      by default the inputs; `residuals`: those of them that are neither inputs nor
+      outputs, declared as `outputs` are, which the launchers write after the outputs when
+      their `residuals` keyword is true (`with_residuals`), as the forward pass under
+      jax.grad asks; or `saving`: the kernel that writes them, apart (NAME_with_residuals).
 
     A call checks its keywords (`_check_keywords`, `check_blocks`), its arrays' dtypes,
     ranks and sizes (`operands`), answers an empty dimension (`without_elements`), and
@@ -521,7 +524,7 @@ class Kernel:
     copied `trace` would trace this function rather than the wrapper.
     """
 
-    def __init__(self, reference, *, inputs, outputs, sizes, params, launchers, vjp, saves, residuals):
+    def __init__(self, reference, *, inputs, outputs, sizes, params, launchers, vjp, saves, residuals, saving):
         functools.update_wrapper(self, reference)
         self.reference = reference
         self._inputs, self._outputs, self._sizes, self._params = inputs, outputs, sizes, params
@@ -537,15 +540,32 @@ class Kernel:
         if "triton" in launchers and "mosaic_gpu" in launchers:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params)), "interpret")
-        self._vjp, self._saves, self._residuals = vjp, saves, residuals
+        self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
 
-        def call(*arrays, **keywords):
-            return self._call(*arrays, **keywords)
+        def call(*arrays, residuals=False, **keywords):
+            return self._call(*arrays, residuals=residuals, **keywords)
 
         call.__name__ = call.__qualname__ = reference.__name__  # as jax names the jitted function
-        self._jitted = jax.jit(call, static_argnames=(*params, *self.options))
+        self._jitted = jax.jit(call, static_argnames=(*params, *self.options, "residuals"))
 
     def __call__(self, *arrays, **keywords):
+        return self._checked_call(arrays, keywords, residuals=False)
+
+    def with_residuals(self, *arrays, **keywords):
+        """The call's outputs, then the residuals its forward pass saves under jax.grad
+        (`residuals`), as the kernels compute them; not differentiable."""
+        if self._saving_kernel is not None:
+            return self._saving_kernel(*arrays, **self._saving_keywords(keywords))
+        if not self._residuals:
+            raise TypeError(f"{self.__name__} saves no residuals for jax.grad: it has no with_residuals")
+        return self._checked_call(arrays, keywords, residuals=True)
+
+    def _saving_keywords(self, keywords):
+        """The call's keywords that the kernel saving the residuals apart takes."""
+        saving = self._saving_kernel
+        return {k: v for k, v in keywords.items() if k in saving.options or k in saving._params}
+
+    def _checked_call(self, arrays, keywords, residuals):
         name = self.__name__
         if len(arrays) != len(self._inputs):
             raise TypeError(f"{name} takes {len(self._inputs)} arrays ({', '.join(self._inputs)}), got {len(arrays)}")
@@ -556,7 +576,7 @@ class Kernel:
         keywords = _check_keywords(name, self._params, keywords)
         check_blocks(name, may_be_none=True, **{k: v for k, v in keywords.items() if k.startswith(_BLOCKS)})
         try:
-            return self._jitted(*arrays, **keywords)
+            return self._jitted(*arrays, residuals=residuals, **keywords)
         except (TypeError, ValueError):
             _refuse_non_arrays(name, zip(self._inputs, arrays))
             raise
@@ -577,16 +597,22 @@ class Kernel:
     def output_names(self):
         return tuple(self._outputs)
 
-    def _call(self, *arrays, **keywords):
-        """The jitted call: checked arrays, then the kernel (differentiable by `vjp`)."""
+    def _call(self, *arrays, residuals, **keywords):
+        """The jitted call: checked arrays, then the kernel (differentiable by `vjp`; with
+        its `residuals` after its outputs, not differentiable)."""
         operands_ = {name: (array, spec[0], spec[1]) for (name, spec), array in zip(self._inputs.items(), arrays)}
         arrays, sizes = operands(self.__name__, operands_)
         params = {name: keywords.get(name, self._defaults[name]) for name in self._params}
         options = {name: keywords.get(name, _OPTION_DEFAULTS.get(name)) for name in self.options}
         if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
             shapes = [(tuple(sizes[d] for d in spec[1]), spec[0]) for spec in self._outputs.values()]
+            if residuals:
+                empty = ", ".join(f"{dim}=0" for dim, size in sizes.items() if size == 0)
+                raise ValueError(f"{self.__name__}.with_residuals: {empty}: no kernel runs, so it computes no residuals")
             return without_elements(self.__name__, sizes, self.reference, shapes, *arrays, **params)
         forward = functools.partial(self._launch, sizes=sizes, params=params, options=options)
+        if residuals:
+            return forward(*arrays, residuals=True)
         if self._vjp is None:
             return forward(*arrays)
         given = {**params, **options}
@@ -595,33 +621,48 @@ class Kernel:
         saving = functools.partial(self._saving, forward=forward, given=given) if self._saves else None
         return differentiable(forward, backward, *arrays, saving=saving)
 
-    def _launch(self, *arrays, sizes, params, options):
-        """The kernel of the platform compiled for, on `arrays` laid out as it holds them."""
+    def _launch(self, *arrays, sizes, params, options, residuals=False):
+        """The kernel of the platform compiled for, on `arrays` laid out as it holds them:
+        its outputs, then (`residuals`) the residuals."""
         arrays = [_laid_out(array, spec, sizes) for array, spec in zip(arrays, self._inputs.values())]
         given = {**{keyword: sizes[dim] for dim, keyword in self._sizes.items()}, **params, **options}
-        kernels = {
-            backend: None if function is None else functools.partial(function, **{k: given[v] for k, v in binding.items()})
-            for backend, (function, binding) in self._launchers.items()
-        }
+        kernels = {}
+        for backend, (function, binding) in self._launchers.items():
+            arguments = {k: given[v] for k, v in binding.items()}
+            if self._residuals and "residuals" in inspect.signature(function or len).parameters:
+                arguments["residuals"] = residuals
+            elif residuals:  # a launcher that writes no residuals: another backend's runs
+                function = None
+            kernels[backend] = None if function is None else functools.partial(function, **arguments)
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
         results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
+        if residuals:
+            specs = [*self._outputs.values(), *self._residuals.values()]
+            return tuple(_own_shape(result, spec, sizes) for result, spec in zip(results, specs))
+        if self._residuals:  # the launcher's None for each residual it did not write
+            results = results[: len(self._outputs)]
+            results = results[0] if len(self._outputs) == 1 else results
         if len(self._outputs) == 1:
             return _own_shape(results, next(iter(self._outputs.values())), sizes)
         return tuple(_own_shape(result, spec, sizes) for result, spec in zip(results, self._outputs.values()))
 
     def _saving(self, *arrays, forward, given):
-        """The forward pass under jax.grad: the outputs, and the arrays `vjp` reads (`saves`),
-        from the kernel's own outputs or, where it reads residuals, NAME_with_residuals's."""
-        if self._residuals is None:
+        """The forward pass under jax.grad: the outputs, and the arrays `vjp` reads (`saves`):
+        inputs, outputs and residuals, which the launchers then write too (or the kernel
+        that saves them apart)."""
+        if self._saving_kernel is not None:
+            results = self._saving_kernel(*arrays, **self._saving_keywords(given))
+            named = dict(zip(self._saving_kernel.output_names, results))
+            results = results[: len(self._outputs)]
+        elif self._residuals:
+            results = forward(*arrays, residuals=True)
+            named = dict(zip([*self._outputs, *self._residuals], results))
+            results = results[: len(self._outputs)]
+        else:
             results = forward(*arrays)
             results = results if len(self._outputs) > 1 else (results,)
             named = dict(zip(self._outputs, results))
-        else:
-            keywords = {k: v for k, v in given.items() if k in self._residuals.options or k in self._residuals._params}
-            results = self._residuals(*arrays, **keywords)
-            named = dict(zip(self._residuals.output_names, results))
-            results = results[: len(self._outputs)]
         named.update(zip(self._inputs, arrays))
         outputs = results if len(self._outputs) > 1 else results[0]
         return outputs, tuple(named[name] for name in self._saves)
@@ -639,7 +680,7 @@ def _launcher_binding(backend, function, sizes, params):
     own = {name for name in (*sizes.values(), *params, "interpret")}
     binding = {}
     for name, parameter in inspect.signature(function).parameters.items():
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "interpret":
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("interpret", "residuals"):
             binding[name] = name if name in own else public_keyword(backend, name)
     return function, binding
 
@@ -896,7 +937,7 @@ class TpuBlocks(NamedTuple):
     bounds: object = None
 
 
-def tpu_blocks(table, sizes, given):
+def tpu_blocks(table, sizes, given, **step_keywords):
     """The blocks of a TPU call, each at most its dimension (a small dimension is one
     whole block): those `given` (not None), the others from the `table` (a `TpuBlocks`)
     for the chip compiled for (see `tpu_chip`): the tuned entry whose sizes are nearest
@@ -905,7 +946,8 @@ def tpu_blocks(table, sizes, given):
     of a table with a `step` grow to large steps.
 
     A block that Mosaic cannot tile is a ValueError, before anything compiles, that says
-    the rule and a larger block that keeps it.
+    the rule and a larger block that keeps it. `step_keywords` go to the step (`residuals`:
+    whether the launcher writes them, whose blocks take VMEM too).
     """
 
     def distance(tuned_sizes):
@@ -925,7 +967,8 @@ def tpu_blocks(table, sizes, given):
         blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
         if table.step is not None and chip is not None and not tuned:
             bounds = table.bounds(*sizes) if table.bounds else [size_of[dim] for dim in dims]
-            blocks = grown(blocks, [block is None for block in given], bounds, functools.partial(table.step, *sizes))
+            step = functools.partial(table.step, *sizes, **step_keywords)
+            blocks = grown(blocks, [block is None for block in given], bounds, step)
     blocks = [min(block, size_of[dim]) for dim, block in zip(dims, blocks)]
     for dim, block in zip(dims, blocks):
         rule, size = table.tiling[dim], size_of[dim]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 from pallasgen.analysis.checks import CheckedKernel
@@ -124,7 +124,8 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
     backend's plan lays them out."""
     kernel, product = checked.kernel, checked.product
     backend = backend_named("gpu" if gpu else "tpu")
-    plan = plan_backends(checked)[backend.name]
+    # A plain call's plan: without the residuals its launchers write under jax.grad.
+    plan = plan_backends(replace(checked, gradient=None))[backend.name]
     tiling = plan.tiling
     blocks = backend.blocks_at(plan, sizes) | {g.dim: 1 for g in tiling.grid if g.per_element}
     _check_drawable(tiling, sizes, blocks)

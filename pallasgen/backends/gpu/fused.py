@@ -32,7 +32,7 @@ from pallasgen.backends.gpu.plan import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import LINE_LENGTH, parameter_list, partial_call, tuple_code
+from pallasgen.lowering.parts import LINE_LENGTH, if_residuals, parameter_list, partial_call, saved_only, tuple_code
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
@@ -146,9 +146,10 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         return f"rt.load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
-        return (
+        line = (
             f"rt.store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
         )
+        return saved_only(refs[decl.name], line) if decl.name in lowered.residual_names else line
 
     def emitter_for(overrides):
         return lowered.emitter(spelling=spelling, overrides=overrides)
@@ -192,10 +193,10 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
+        out_specs=tuple((comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
-        parameters=launcher_parameters(checked, values, sizes, tunable),
+        parameters=launcher_parameters(lowered, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=(*read_line, *masks),
         loop=comments_above(loop),

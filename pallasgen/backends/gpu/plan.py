@@ -21,6 +21,8 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    if_residuals,
+    saved_only,
     LINE_LENGTH,
     array_positions,
     dot_code,
@@ -261,9 +263,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
         axes_mask = mask(visible(decl))
-        return (
+        line = (
             f"rt.store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
         )
+        return saved_only(refs[decl.name], line) if decl.name in lowered.residual_names else line
 
     out_axes = visible(kernel.outputs[0])
     masks = [
@@ -326,10 +329,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
+        out_specs=tuple((comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
-        parameters=launcher_parameters(checked, values, sizes, tunable),
+        parameters=launcher_parameters(lowered, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=(*read_line, *masks),
         loop=comments_above(loop),
@@ -370,16 +373,17 @@ def _with_operands_swapped(kernel: ir.Kernel, product: Product, swapped: frozens
     return dataclasses.replace(kernel, inputs=inputs), dataclasses.replace(product, lhs=lhs, rhs=rhs)
 
 
-def launcher_parameters(checked: CheckedKernel, values, sizes, tunable) -> str:
+def launcher_parameters(lowered: LoweredKernel, tunable) -> str:
     """The GPU launcher's parameters: the input arrays, then sizes, blocks, launch options,
-    params and `interpret` as keywords."""
-    kernel = checked.kernel
+    params, `residuals` where it has some, and `interpret` as keywords."""
+    checked, kernel = lowered.checked, lowered.kernel
     return parameter_list(
-        [values[d.name] for d in kernel.inputs],
-        [sizes[d] for d in checked.dims]
+        [lowered.values[d.name] for d in kernel.inputs],
+        [lowered.sizes[d] for d in checked.dims]
         + [block_keyword(d) for d in tunable]
         + [f"num_{name}" for name in OPTIONS]
         + [p.name for p in kernel.params]
+        + (["residuals"] if lowered.residuals else [])
         + ["interpret"],
     )
 

@@ -14,6 +14,8 @@ from pallasgen.backends.mosaic_gpu.plan import (
     launcher_name,
     plan_mosaic_gpu,
 )
+from pallasgen.backends.mosaic_gpu.stages import stages
+from pallasgen.backends.mosaic_gpu.support import refusal
 
 
 class MosaicGpuBackend(Backend):
@@ -26,7 +28,16 @@ class MosaicGpuBackend(Backend):
         return None, []
 
     def keywords(self, checked, targets=TARGETS):
-        return keyword_group(checked, "triton" in targets)
+        return keyword_group(checked, "triton" in targets, self.writes_residuals(checked, targets))
+
+    def writes_residuals(self, checked, targets=TARGETS):
+        """Unless it takes the kernel but not with its residuals, where Triton can run that:
+        the kernel that writes them refused, or planned otherwise (it reads a residual it
+        writes by name, where the kernel nests reductions that its stages compute apart)."""
+        saving = checked.gradient.saving if checked.gradient else None
+        if saving is None or "triton" not in targets or refusal(checked) is not None:
+            return True
+        return refusal(saving) is None and (stages(saving) is None) == (stages(checked) is None)
 
     def reserved_names(self, checked):
         return {BACKEND_KEYWORD, *(choices.keywords(checked) if choices.tunable(checked) else ())}

@@ -36,10 +36,10 @@ from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, spec_list
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, copy_out, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
-from pallasgen.lowering.parts import parameter_list, tuple_code
+from pallasgen.lowering.parts import if_residuals, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
 
@@ -368,7 +368,10 @@ class FusedPlanner:
             *code.before,
             *self._pipeline(code, lowering, streamed),
             *code.finish,
-            f"rt.mgpu_copy_out({', '.join(f'({self.smem[d.name]}, {self._at(d)})' for d in kernel.outputs)})",
+            *copy_out(
+                [(self.refs[d.name], self.smem[d.name], self._at(d)) for d in kernel.outputs],
+                {self.refs[o.spec_name] for o in self.lowered.residuals},
+            ),
         ]
         scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
         if once:  # a barrier per input copied once
@@ -513,8 +516,11 @@ class FusedPlanner:
             padding.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
         lines += compact(padding)
         out_types = ", ".join(
-            f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
-            for o in kernel.outputs
+            if_residuals(
+                f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})",
+                plan,
+            )
+            for o, plan in zip(kernel.outputs, self.lowered.outputs)
         )
         lines += [
             f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = plgpu.kernel(",
@@ -527,7 +533,8 @@ class FusedPlanner:
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         returned = [
-            f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}].reshape({plan.layout_shape})"
+            f"({if_residuals(crop, plan)})" if plan.residual else crop
             for out, plan in zip(kernel.outputs, self.lowered.outputs)
+            for crop in [f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}].reshape({plan.layout_shape})"]
         ]
         return tuple([*lines, f"return {', '.join(returned)}"])

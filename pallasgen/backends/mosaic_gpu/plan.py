@@ -38,6 +38,7 @@ from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
     SMEM_BUDGET,
     compact,
+    copy_out,
     program_lines,
     spec_list,
     refusal,
@@ -48,6 +49,7 @@ from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
     body_statements,
+    if_residuals,
     layout_of,
     load_statements,
     parameter_list,
@@ -80,10 +82,11 @@ class MosaicGpuPlan:
     table: tuple[str, ...] = ()  # a product's: the comment and table of its tuned blocks and stages
 
 
-def keyword_group(checked: CheckedKernel, with_triton: bool = True) -> KeywordGroup:
+def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: bool = True) -> KeywordGroup:
     """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs
     (only `with_triton`, in a module that has Triton kernels too); and a product's
-    `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen at call time."""
+    `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen at call time.
+    Not `residuals`: it takes the kernel, but not the kernel that writes its residuals."""
     reason = refusal(checked)
     doc = []  # what gpu_backend means is said once, in the module's docstring
     if reason:
@@ -92,6 +95,10 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True) -> KeywordGr
             if with_triton
             else f"This kernel has no GPU kernel (the module has no Triton kernels): {reason}."
         )
+        doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
+    elif not residuals:
+        why = refusal(checked.gradient.saving) or "its nested reductions, written as residuals too, are not planned in stages"
+        said = f"Under jax.grad it runs on Triton, which writes its residuals: {why}."
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
@@ -155,7 +162,7 @@ def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
         (),
         parameter_list(
             [lowered.values[d.name] for d in kernel.inputs],
-            [sizes[d] for d in lowered.checked.dims] + params + ["interpret"],
+            [sizes[d] for d in lowered.checked.dims] + params + (["residuals"] if lowered.residuals else []) + ["interpret"],
         ),
         chained_body(lowered, [(s, sub, p.function) for s, sub, p in zip(chain, subs, plans)]),
         f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
@@ -191,7 +198,8 @@ class _Planner:
         return self._padded[dim]
 
     def launcher(self, blocks: dict[str, int], multiples: dict[str, str], reshapes: list[str], kernel_call: list[str]):
-        """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
+        """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs
+        sliced, a residual's only when asked (`residuals`; None otherwise)."""
         kernel, sizes = self.kernel, self.sizes
         lines = compact([f"{block_keyword(d)} = {b}" for d, b in blocks.items()])
         lines += compact(
@@ -202,19 +210,23 @@ class _Planner:
         cropped = []
         for out, plan in zip(kernel.outputs, self.lowered.outputs):
             crop = f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}]"
-            cropped.append(crop if len(out.dims) == len(self.out_dims) else f"{crop}.reshape({plan.layout_shape})")
+            crop = crop if len(out.dims) == len(self.out_dims) else f"{crop}.reshape({plan.layout_shape})"
+            cropped.append(f"({if_residuals(crop, plan)})" if plan.residual else crop)
         lines.append(f"return {', '.join(cropped)}")
         return tuple(lines)
 
     def padding(self, value: str, dims, multiples: dict[str, str]) -> str:
         return f"{value} = rt.mgpu_pad({value}, {tuple_code([self.padded(d) if d in multiples else self.sizes[d] for d in dims])})"
 
-    def out_types(self, padded_dims) -> str:
-        """The kernel's `out_type`: each output's shape, padded along `padded_dims`."""
+    def out_types(self, padded_dims, optional=False) -> str:
+        """The kernel's `out_type`: each output's shape, padded along `padded_dims`;
+        `optional`: a residual's only when the launcher's `residuals` asks (None otherwise:
+        the kernel copies out to its Ref only where it is not None, `copy_out`)."""
         types = []
-        for out in self.kernel.outputs:
+        for out, plan in zip(self.kernel.outputs, self.lowered.outputs):
             shape = tuple_code([self.padded(d) if d in padded_dims else self.sizes[d] for d in out.dims])
-            types.append(f"jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)})")
+            shape = f"jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)})"
+            types.append(if_residuals(shape, plan) if optional else shape)
         return f"({', '.join(types)},)"
 
     def finish(self, kernel_parameters, kernel_body, launcher_body, chosen=None, table=()) -> MosaicGpuPlan:
@@ -225,7 +237,11 @@ class _Planner:
         chosen = chosen or {}
         launcher = parameter_list(
             [self.values[d.name] for d in kernel.inputs],
-            [self.sizes[d] for d in checked.dims] + params + [f"{c}=None" for c in chosen.values()] + ["interpret"],
+            [self.sizes[d] for d in checked.dims]
+            + params
+            + [f"{c}=None" for c in chosen.values()]
+            + (["residuals"] if self.lowered.residuals else [])
+            + ["interpret"],
         )
         bound = [f"{self.sizes[d]}={self.sizes[d]}" for d in checked.dims] + [f"{p}={p}" for p in params]
         bound += [f"{local}={keyword}" for keyword, local in chosen.items()]
@@ -445,12 +461,17 @@ class _ProductPlanner(_Planner):
             *(f"    {line}" for line in accumulate),
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
-            "rt.mgpu_copy_out("
-            + ", ".join(
-                f"({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
-                for o in kernel.outputs
-            )
-            + ")",
+            *copy_out(
+                [
+                    (
+                        self.refs[o.name],
+                        tiles[o.name],
+                        f"{self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}]",
+                    )
+                    for o in kernel.outputs
+                ],
+                {self.refs[o.spec_name] for o in self.lowered.residuals},
+            ),
         ]
         scratch = [
             *(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})" for o in kernel.outputs),
@@ -485,7 +506,7 @@ class _ProductPlanner(_Planner):
         call = [
             "plgpu.kernel(",
             f"    functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)}),",
-            f"    out_type={self.out_types((m, n))},",
+            f"    out_type={self.out_types((m, n), optional=True)},",
             f"    scratch_types=[{', '.join(scratch)}],",
             f"    grid={tuple_code(grid)},",
             f"    grid_names={tuple(layout)!r},",

@@ -25,7 +25,7 @@ from pallasgen.analysis.names import Namer
 from pallasgen.gradients.reverse import substitute
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import tuple_code
+from pallasgen.lowering.parts import if_residuals, tuple_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,4 +255,5 @@ def chained_body(lowered: LoweredKernel, staged: list[tuple[Stage, LoweredKernel
             if o.name in stage.intermediates
         ]
     outs = [f"{names[o.spec_name]}.reshape({o.layout_shape})" for o in lowered.outputs]
+    outs = [f"({if_residuals(out, o)})" if o.residual else out for out, o in zip(outs, lowered.outputs)]
     return (*lines, f"return {', '.join(outs)}")

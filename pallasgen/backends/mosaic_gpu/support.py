@@ -16,7 +16,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.backends.mosaic_gpu.fused_support import fused_problem
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import LINE_LENGTH
+from pallasgen.lowering.parts import LINE_LENGTH, saved_only
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
@@ -64,6 +64,18 @@ def spec_list(specs) -> str:
     if len(specs) > 1 and len(set(specs)) == 1:
         return f"[{specs[0]}] * {len(specs)}"
     return f"[{', '.join(specs)}]"
+
+
+def copy_out(copies, residuals=frozenset()) -> list[str]:
+    """The kernel's last lines: each (output's Ref, its tile in shared memory, its place
+    in global memory) copied out by TMA (`rt.mgpu_copy_out`); a residual's (its Ref one
+    of `residuals`) only where the launcher passed one (`saved_only`), after the rest."""
+    lines = []
+    kept = [f"({smem}, {at})" for ref, smem, at in copies if ref not in residuals]
+    if kept:
+        lines.append(f"rt.mgpu_copy_out({', '.join(kept)})")
+    lines += [saved_only(ref, f"rt.mgpu_copy_out(({smem}, {at}))") for ref, smem, at in copies if ref in residuals]
+    return lines
 
 
 def compact(lines: list[str], width: int = LINE_LENGTH - 4) -> list[str]:

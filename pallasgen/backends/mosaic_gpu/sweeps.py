@@ -24,9 +24,9 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims, spec_list
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, copy_out, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import parameter_list, tuple_code
+from pallasgen.lowering.parts import parameter_list, saved_only, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import accumulators, compute_dtype, finish_code, identity, reduced_dim
 
@@ -191,15 +191,18 @@ class SweepPlanner:
             body += self._kept_statements(number)
         for decl in kept_outputs:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
-        copies = [f"({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs]
+        copies = [(self.refs[d.name], smem[d.name], f"{self.refs[d.name]}.at[{kept_at}]") for d in kept_outputs]
+        residuals = {self.refs[o.spec_name] for o in self.lowered.residuals}
         if block_outputs:  # the kept outputs' copies run on beside the output pass's
             if kept_outputs:
                 body.append("plgpu.commit_smem()")
-                body += [f"plgpu.copy_smem_to_gmem{copy}" for copy in copies]
+                for ref, tile, at in copies:
+                    copy = f"plgpu.copy_smem_to_gmem({tile}, {at})"
+                    body.append(saved_only(ref, copy) if ref in residuals else copy)
             body += self._output_pass(block_outputs, out_smem, program, steps)
             body.append("plgpu.wait_smem_to_gmem(0)")
         else:
-            body.append(f"rt.mgpu_copy_out({', '.join(copies)})")
+            body += copy_out(copies, residuals)
 
         # A barrier per input of the kept dimension alone, for its one copy in.
         scratch = [f"plgpu.Barrier(num_barriers={len(kept_inputs)})"] if kept_inputs else []
@@ -233,7 +236,7 @@ class SweepPlanner:
         call = [
             "plgpu.kernel(",
             f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
-            f"    out_type={base.out_types(multiples)},",
+            f"    out_type={base.out_types(multiples, optional=True)},",
             f"    scratch_types=[{', '.join(scratch)}],",
             f"    grid=({base.padded(kept)} // {block_keyword(kept)},),",
             f"    grid_names=({kept!r},),",
@@ -241,7 +244,9 @@ class SweepPlanner:
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         return base.finish(
-            parameter_list([*refs, *scratch_refs], keywords), body, base.launcher(blocks, multiples, reshapes, call)
+            parameter_list([*refs, *scratch_refs], keywords),
+            body,
+            base.launcher(blocks, multiples, reshapes, call),
         )
 
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:

@@ -19,7 +19,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import parameter_list, tuple_code
+from pallasgen.lowering.parts import if_residuals, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
 
@@ -172,8 +172,9 @@ class TotalsPlanner:
             out = outs[statement.target]
             launcher.append(f"{self.values[out.name]} = {finished.cast(statement.value, out.dtype)}")
         returned = [
-            f"jnp.asarray({self.values[o.name]}, {jnp_dtype(o.dtype)}).reshape({p.layout_shape})"
+            f"({if_residuals(out, p)})" if p.residual else out
             for o, p in zip(kernel.outputs, self.lowered.outputs)
+            for out in [f"jnp.asarray({self.values[o.name]}, {jnp_dtype(o.dtype)}).reshape({p.layout_shape})"]
         ]
         launcher.append(f"return {', '.join(returned)}")
         refs = [self.refs[d.name] for d in (*inputs, *scalars)]

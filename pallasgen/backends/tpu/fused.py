@@ -28,11 +28,13 @@ from pallasgen.backends.tpu.plan import (
     grid_comment,
     kernel_function_name,
     launcher_name,
+    output_bytes,
     read_keywords,
     sum_code,
+    tpu_return,
     tunable_dims,
     vmem_comment,
-    vmem_needed_code,
+    residual_vmem_code,
     wrap,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
@@ -49,7 +51,7 @@ from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import parameter_list, partial_call, ref_load, ref_store, tuple_code
+from pallasgen.lowering.parts import if_residuals, parameter_list, partial_call, ref_load, ref_store, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import KeywordGroup
 
@@ -152,7 +154,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         # A single product masks a ragged K from the step's index where it masks: a start
         # computed up front cost matmul's backward pass 2 cycles more on v5e (bench --chip).
         start = f"{step} * {block_keyword(dim)}" if checked.product is not None else sweep_start
-        code = body_lowering.swept(ref_store(refs), start, ragged)
+        code = body_lowering.swept(ref_store(refs, lowered.residual_names), start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
         running = code.running
@@ -184,7 +186,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         )
         body = code.finish
     else:
-        body = lowering.whole(ref_store(refs)).step
+        body = lowering.whole(ref_store(refs, lowered.residual_names)).step
     strips = accumulator.strips if accumulator else None
     keywords = [
         *(sizes[d] for d in checked.dims),
@@ -219,12 +221,12 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
     if checked.product is not None:  # the product's accumulator and the result of one step's dot
         needed = vmem(kernel, checked.blocks, checked.product)
-        vmem_needed = vmem_needed_code(kernel, checked.blocks, checked.product, extents, set(fused.batch))
     else:
         needed = _vmem(kernel, fused, running)
-        vmem_needed = sum_code(
-            [(part.buffers * part.element_bytes, [extents[d] for d in part.dims]) for part in needed.parts]
-        )
+    # Its parts as (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
+    terms = [(part.buffers * part.element_bytes, part.dims) for part in needed.parts]
+    plain = [(count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names]
+    vmem_needed = residual_vmem_code(terms, plain if lowered.residuals else None, extents, set(fused.batch))
     return TpuPlan(
         function=launcher,
         kernel_function=kernel_function,
@@ -239,6 +241,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             [sizes[d] for d in checked.dims]
             + [block_keyword(d) for d in tunable]
             + [p.name for p in kernel.params]
+            + (["residuals"] if lowered.residuals else [])
             + ["interpret"],
         ),
         binding=", ".join(
@@ -251,20 +254,27 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             for a in lowered.inputs
             if a.spec_dtype != tpu_dtype(a.spec_dtype)
         ),
-        returns=_returns(lowered),
+        returns=tpu_return(lowered),
         grid=tiling.grid_code(sizes),
         grid_comment=wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics), 8),
         in_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)),
-        out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
+        out_specs=tuple(
+            (a.comment, if_residuals(block_specs[d.name], a)) for a, d in zip(lowered.outputs, kernel.outputs)
+        ),
         out_shapes=tuple(
-            (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
+            (if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o), o.spec_name)
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=wrap(vmem_comment(needed, checked.blocks, checked.dims, STRIPED_LIMIT if strips else ""), 4),
+        vmem_comment=wrap(
+            vmem_comment(
+                needed, checked.blocks, checked.dims, STRIPED_LIMIT if strips else "", lowered.residual_names
+            ),
+            4,
+        ),
         vmem_needed=vmem_needed,
         vmem_limit=f"{STRIPED_VMEM_LIMIT_BYTES >> 20} * 2**20" if strips else f"rt.vmem_limit({vmem_needed})",
-        cost_estimate=_cost_estimate(checked, values, sizes),
+        cost_estimate=_cost_estimate(checked, values, sizes, lowered.residual_names),
         accumulator=accumulator,
         body=tuple(body),
         tiling=tiling,
@@ -436,15 +446,6 @@ def _block_specs(tiling: Tiling, sizes, live: str | None, namer) -> tuple[tuple[
     return lines, specs
 
 
-def _returns(lowered: LoweredKernel) -> str:
-    outputs = lowered.outputs
-    if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
-        return ""
-    return ", ".join(
-        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs
-    )
-
-
 def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
     """The arrays' double-buffered blocks at `blocks` (a dimension taken whole: 1)."""
     return _vmem(kernel, fused, ()).total(blocks)
@@ -466,13 +467,13 @@ def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
-def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
+def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:
     """Flops of every product (2 per multiply-add), exp and other transcendentals once
     per element of their value, and the bytes of the arrays. A single product's epilogue
     counts too: one flop per element of the output for each other operation in it."""
     kernel, fused = checked.kernel, checked.frame
     flops, transcendentals = [], []
-    nodes = list(ir.walk(*(s.value for s in kernel.body)))
+    nodes = list(dict.fromkeys(ir.walk(*(s.value for s in kernel.body))))  # a value used twice is computed once
     for node in nodes:
         elements = [sizes[d] for d in (checked.types[node].dims if node in checked.types else ())]
         if isinstance(node, ir.Binary) and node.op == "@":
@@ -486,7 +487,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
         flops.append((epilogue, elements))
         transcendentals = [(transcendental, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = sum_code([(DTYPES[out.dtype].bytes, [sizes[d] for d in out.dims]) for out in kernel.outputs])
+    outputs = output_bytes(kernel, residuals, lambda out: [sizes[d] for d in out.dims])
     return (
         f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code(transcendentals)},"
         f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"

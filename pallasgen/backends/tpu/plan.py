@@ -31,6 +31,7 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
+    if_residuals,
     array_positions,
     grid_names,
     body_statements,
@@ -205,13 +206,15 @@ def block_table(
         f"tiling={{{rules}}}",
         f"chips={{{chips_code}}}",
     ]
-    fields += [f"step=lambda {', '.join(size_names + keywords)}: {step}"] if step else []
+    saving = ["residuals"] if re.search(r"\bresiduals\b", step) else []  # its step's VMEM writing them
+    fields += [f"step=lambda {', '.join(size_names + keywords + saving)}: {step}"] if step else []
     fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
     name = block_table_name(checked.kernel.name)
+    arguments = [name, tuple_code(size_names), tuple_code(keywords), *(f"{s}={s}" for s in saving)]
     return BlockTable(
         name,
         f"rt.TpuBlocks({', '.join(fields)})",
-        f"{tuple_code(keywords)} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {tuple_code(keywords)})",
+        f"{tuple_code(keywords)} = rt.tpu_blocks({', '.join(arguments)})",
     )
 
 
@@ -284,7 +287,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         starts={d: _block_start(d, blocked, squeezed) for d in blocked},
     ).holding(_last_step_positions(checked), namer)
     body = kernel_statements(
-        kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
+        kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs, lowered.residual_names)
     )
     accumulator = None
     scratch_refs = []
@@ -299,7 +302,8 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         [*body, *(accumulator.code() if accumulator else ())],
     )
     inputs = [values[d.name] for d in kernel.inputs]
-    vmem_needed = vmem_needed_code(kernel, checked.blocks, None, block_of, squeezed)
+    plain_terms = vmem_terms(lowered.plain, checked.blocks, None) if lowered.plain else None
+    vmem_needed = residual_vmem_code(vmem_terms(kernel, checked.blocks, None), plain_terms, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
     return TpuPlan(
         function=launcher_name(kernel.name),
@@ -322,6 +326,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             [sizes[d] for d in dims]
             + [block_keyword(d) for d in tunable]
             + [p.name for p in kernel.params]
+            + (["residuals"] if lowered.residuals else [])
             + ["interpret"],
         ),
         binding=", ".join(
@@ -334,20 +339,22 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             for a in lowered.inputs
             if a.spec_dtype != tpu_dtype(a.spec_dtype)
         ),
-        returns=_tpu_return(lowered),
+        returns=tpu_return(lowered),
         grid=tiling.grid_code(sizes),
         grid_comment=wrap(grid_comment(blocked, dims, squeezed, semantics), 8),
         in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
-        out_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.outputs),
+        out_specs=tuple((a.comment, if_residuals(block_specs[a.spec_name], a)) for a in lowered.outputs),
         out_shapes=tuple(
-            (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
+            (if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o), o.spec_name)
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=wrap(vmem_comment(vmem(kernel, checked.blocks, None), checked.blocks, dims), 4),
+        vmem_comment=wrap(
+            vmem_comment(vmem(kernel, checked.blocks, None), checked.blocks, dims, residuals=lowered.residual_names), 4
+        ),
         vmem_needed=vmem_needed,
         vmem_limit=f"rt.vmem_limit({vmem_needed})",
-        cost_estimate=_cost_estimate(checked, values, sizes),
+        cost_estimate=_cost_estimate(checked, values, sizes, lowered.residual_names),
         accumulator=accumulator,
         body=tuple(body),
         tiling=tiling,
@@ -395,11 +402,11 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
-    lines += body_statements(kernel, sweep.step, emitter, values, refs, checked, ref_store(refs))
+    lines += body_statements(kernel, sweep.step, emitter, values, refs, checked, ref_store(refs, lowered.residual_names))
     lines += [line for r in reductions for line in r.step]
     last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
     body = [f"{r.result} = {r.finish}" for r in reductions]
-    body += body_statements(kernel, sweep.finish, last, values, refs, checked, ref_store(refs))
+    body += body_statements(kernel, sweep.finish, last, values, refs, checked, ref_store(refs, lowered.residual_names))
     plan = AccumulatorPlan(
         scratch=tuple(
             (
@@ -426,17 +433,18 @@ def _rows_load(refs):
     return lambda decl: f"rt.as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
-def _tpu_return(lowered: LoweredKernel) -> str:
+def tpu_return(lowered: LoweredKernel) -> str:
     """What the TPU launcher returns when f16 outputs come back as f32; empty if none do."""
     outputs = lowered.outputs
     if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
         return ""
     return ", ".join(
-        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs
+        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else if_residuals(f"{o.name}.astype({o.dtype})", o)
+        for o in outputs
     )
 
 
-def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
+def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:
     """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
     kernel = checked.kernel
     elements = [sizes[d] for d in checked.space.layout]
@@ -444,11 +452,18 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
     flops = [(sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = sum_code([(DTYPES[d.dtype].bytes, elements) for d in kernel.outputs])
     return (
         f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code([(transcendental, elements)])},"
-        f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
+        f" bytes_accessed=rt.nbytes({inputs}) + {output_bytes(kernel, residuals, lambda d: elements)})"
     )
+
+
+def output_bytes(kernel: ir.Kernel, residuals, elements) -> str:
+    """The bytes a kernel's outputs take, as code (`elements(decl)`: the factors of one's
+    size); the residuals' only where the launcher writes them."""
+    outputs = sum_code([(DTYPES[d.dtype].bytes, elements(d)) for d in kernel.outputs if d.name not in residuals])
+    saved = sum_code([(DTYPES[d.dtype].bytes, elements(d)) for d in kernel.outputs if d.name in residuals])
+    return f"{outputs} + ({saved} if residuals else 0)" if residuals else outputs
 
 
 def sum_code(terms) -> str:
@@ -484,12 +499,15 @@ def grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) 
     return f"One step per {steps}{taken}. {sentence[0].upper()}{sentence[1:]}."
 
 
-def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "") -> str:
-    """The VMEM at the default blocks, and every part of it; then the `limit` the launcher
-    asks for where it is not the call's blocks' (`rt.vmem_limit`, which the code says)."""
+def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "", residuals=frozenset()) -> str:
+    """The VMEM at the default blocks, and every part of it (`residuals`' blocks only where
+    the launcher writes them); then the `limit` the launcher asks for where it is not the
+    call's blocks' (`rt.vmem_limit`, which the code says)."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
     said = f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}."
+    if residuals:
+        said += f" {', '.join(sorted(residuals))}: only when the residuals are written."
     return f"{said} {limit}" if limit else said
 
 
@@ -497,8 +515,27 @@ def vmem_needed_code(kernel: ir.Kernel, blocks: dict[str, int], product, block_o
     """`vmem_bytes` as code: the call-time blocks (or sizes, for dimensions taken whole)
     in place of the defaults; a squeezed batch dimension is one element. `product`: a
     single product's, whose accumulator and one step's result count too."""
-    terms = vmem_terms(kernel, blocks, product)
-    return sum_code([(count, [block_of[d] for d in term_dims if d not in squeezed]) for count, term_dims in terms])
+    return residual_vmem_code(vmem_terms(kernel, blocks, product), None, block_of, squeezed)
+
+
+def residual_vmem_code(terms, plain_terms, block_of, squeezed) -> str:
+    """VMEM (bytes, dims) `terms` as code over the call-time blocks; given `plain_terms`,
+    those of the kernel without its residuals: theirs, and what the residuals need
+    besides only where the launcher writes them (`residuals`)."""
+
+    def code(terms):
+        return sum_code([(count, [block_of[d] for d in dims if d not in squeezed]) for count, dims in terms])
+
+    if plain_terms is None:
+        return code(terms)
+    extra: dict[tuple[str, ...], int] = {}
+    for sign, some in ((1, terms), (-1, plain_terms)):
+        for count, dims in some:
+            extra[dims] = extra.get(dims, 0) + sign * count
+    if any(count < 0 for count in extra.values()):  # not a sum of more: the larger, either way
+        return code(terms)
+    saved = code([(count, dims) for dims, count in extra.items() if count])
+    return f"{code(plain_terms)} + ({saved} if residuals else 0)" if saved != "0" else code(plain_terms)
 
 
 def wrap(text: str, indent: int) -> tuple[str, ...]:
