@@ -86,7 +86,7 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
     "cross_entropy",
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={None: {"default": (16, 2048)}},
+    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (128, 16384)}, "v6e": {(4096, 32768): (128, 16384)}},
     step=lambda m, v, block_m, block_v, residuals: (
         block_m * block_v,
         16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0),

@@ -246,8 +246,8 @@ def test_a_kernel_without_a_product_grows_its_chip_default_at_call_time_to_large
     assert grid("softmax", "softmax", "v6e", (20, 8192)) == (1,)  # never past the dimension
     assert grid("softmax", "softmax", None, (8192, 8192)) == (1024,)  # CPU: the spec's blocks
     assert grid("softmax", "softmax", "v6e", (8192, 8192), block_m=8) == (1024,)  # a given block wins
-    # Blocks double in turn, the last first: cross_entropy's 16 x 2048 grow to 64 x 16384.
-    assert grid("losses", "cross_entropy", "v6e", (4096, 32768), (4096,)) == (64, 2)
+    # A tuned entry is taken as it is: cross_entropy's 128 x 16384, tuned at 4096 x 32768.
+    assert grid("losses", "cross_entropy", "v6e", (4096, 32768), (4096,)) == (32, 2)
     # giou's 256 x 1024 blocks already need 18 MiB: doubling either would pass 32 MiB.
     assert grid("giou", "giou", "v6e", *[(1024, 4096)] * 8) == (4, 4)
 
