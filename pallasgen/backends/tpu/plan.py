@@ -511,13 +511,6 @@ def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "", re
     return f"{said} {limit}" if limit else said
 
 
-def vmem_needed_code(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
-    """`vmem_bytes` as code: the call-time blocks (or sizes, for dimensions taken whole)
-    in place of the defaults; a squeezed batch dimension is one element. `product`: a
-    single product's, whose accumulator and one step's result count too."""
-    return residual_vmem_code(vmem_terms(kernel, blocks, product), None, block_of, squeezed)
-
-
 def residual_vmem_code(terms, plain_terms, block_of, squeezed) -> str:
     """VMEM (bytes, dims) `terms` as code over the call-time blocks; given `plain_terms`,
     those of the kernel without its residuals: theirs, and what the residuals need
