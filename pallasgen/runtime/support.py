@@ -539,7 +539,7 @@ class Kernel:
         options = {keyword for _, binding in self._launchers.values() for keyword in binding.values()}
         if "triton" in launchers and "mosaic_gpu" in launchers:
             options.add("gpu_backend")
-        self.options = (*sorted(options - set(sizes.values()) - set(params)), "interpret")
+        self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
 
         def call(*arrays, residuals=False, **keywords):
@@ -625,15 +625,13 @@ class Kernel:
         """The kernel of the platform compiled for, on `arrays` laid out as it holds them:
         its outputs, then (`residuals`) the residuals."""
         arrays = [_laid_out(array, spec, sizes) for array, spec in zip(arrays, self._inputs.values())]
-        given = {**{keyword: sizes[dim] for dim, keyword in self._sizes.items()}, **params, **options}
+        given = {keyword: sizes[dim] for dim, keyword in self._sizes.items()}
+        given |= {**params, **options, "residuals": residuals}
         kernels = {}
         for backend, (function, binding) in self._launchers.items():
-            arguments = {k: given[v] for k, v in binding.items()}
-            if self._residuals and "residuals" in inspect.signature(function or len).parameters:
-                arguments["residuals"] = residuals
-            elif residuals:  # a launcher that writes no residuals: another backend's runs
+            if residuals and "residuals" not in binding:  # a launcher that writes none: another backend's runs
                 function = None
-            kernels[backend] = None if function is None else functools.partial(function, **arguments)
+            kernels[backend] = None if function is None else functools.partial(function, **{k: given[v] for k, v in binding.items()})
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
         results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
@@ -673,14 +671,14 @@ _OPTION_DEFAULTS = {"gpu_backend": GPU_BACKENDS[0]}  # every other keyword's def
 
 
 def _launcher_binding(backend, function, sizes, params):
-    """A backend's launcher, and the public keyword (or size keyword, or param) that gives
-    each of its keywords but `interpret`."""
+    """A backend's launcher, and the public keyword (or size keyword, param, or the call's
+    `residuals`) that gives each of its keywords but `interpret`."""
     if function is None:
         return None, {}
-    own = {name for name in (*sizes.values(), *params, "interpret")}
+    own = {name for name in (*sizes.values(), *params, "interpret", "residuals")}
     binding = {}
     for name, parameter in inspect.signature(function).parameters.items():
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("interpret", "residuals"):
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "interpret":
             binding[name] = name if name in own else public_keyword(backend, name)
     return function, binding
 
