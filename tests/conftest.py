@@ -5,9 +5,14 @@ leaves them out: CI runs them on one of its two jax lines, see .ci/run).
 
 Test files that neither import nor run jax (the build path: spec checks, rendering,
 `pallasgen build`, `check` and `show`) say so with `pytestmark = pytest.mark.jax_free`:
-CI runs them on its first jax line only, as no jax version can change what they test."""
+CI runs them on its first jax line only, as no jax version can change what they test.
+
+`--case-stride N` runs, of each parametrized test's cases, the first and every Nth after
+it (in collection order): CI's second jax line runs every test and every tier, and a share
+of each sweep of kernels, shapes and chips that its first line runs whole."""
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,10 +26,33 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--case-stride",
+        type=int,
+        default=1,
+        metavar="N",
+        help="of each parametrized test's cases, run the first and every Nth after it (default 1: all)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     """`browser`: each test that takes the `browser` fixture (test_playground.py: headless
     Chromium running the playground's Pyodide, whose Python and wheels are the same
-    whichever Python and jax run pytest)."""
+    whichever Python and jax run pytest). With `--case-stride N`, each parametrized test's
+    cases past the first but every Nth are deselected."""
     for item in items:
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.browser)
+    stride = config.getoption("case_stride")
+    if stride < 1:
+        raise pytest.UsageError(f"--case-stride must be 1 or more, not {stride}")
+    cases_seen = Counter()
+    kept, deselected = [], []
+    for item in items:
+        test = (item.path, item.cls, getattr(item, "originalname", item.name))
+        (kept if cases_seen[test] % stride == 0 else deselected).append(item)
+        cases_seen[test] += 1
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
