@@ -2477,7 +2477,8 @@ def _attention_full_kernel(
     q = q_ref[...]
     k = k_ref[...]
     v = v_ref[...]
-    max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    max_t_block = logits
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
         max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
@@ -2485,9 +2486,7 @@ def _attention_full_kernel(
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(
-        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale - max_t_shift
-    )
+    sum_exp_t_terms = jnp.exp(logits - max_t_shift)
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
         sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
@@ -2580,7 +2579,8 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         max_t, sum_exp_t, acc_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        max_t_block = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+        logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+        max_t_block = logits
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
@@ -2588,10 +2588,7 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-            - max_t_shift
-        )
+        sum_exp_t_terms = jnp.exp(logits - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
             sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
@@ -2683,7 +2680,8 @@ def _attention_full_mosaic_gpu_kernel(
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
-        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        logits = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        max_t_block = logits
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
             max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
@@ -2692,9 +2690,7 @@ def _attention_full_mosaic_gpu_kernel(
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(
-            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
-        )
+        sum_exp_t_terms = jnp.exp(logits - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
             sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)

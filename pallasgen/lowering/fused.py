@@ -258,10 +258,15 @@ class FusedLowering:
             for carry in [c for c in pending if ready(c)]:
                 pending.remove(carry)
                 self._prepare([carry.value], overrides, emitter, extra)
+                expsum = ("expsum", carry.key[1])
+                if expsum in self.fresh_terms and not isinstance(carry.value, ir.Name):
+                    # The logits both the running max and exp(logits - max) read: computed once.
+                    logits = self.namer.claim("logits")
+                    lines.append(f"{logits} = {emitter.emit(carry.value)}")
+                    overrides[carry.value] = logits
                 lines.extend(
                     self._max_step(carry, names[carry.key], emitter, shift.get(carry.key), rescale.get(carry.key))
                 )
-                expsum = ("expsum", carry.key[1])
                 if expsum in self.fresh_terms:
                     value = emitter.cast(carry.value, "f32")
                     lines.append(f"{terms[expsum]} = jnp.exp({value} - {shift[carry.key]})")
