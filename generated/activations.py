@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -167,13 +169,9 @@ def leaky(x, *, slope=0.01):
 
     `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _leaky_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-
-    Returns:
-      y: f32[M, N]; mask: i32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
@@ -300,14 +298,9 @@ def leaky_backward(x, dy, *, slope=0.01):
     """The backward pass of `leaky`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      dy: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _leaky_backward_tpu_blocks chooses; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
-
-    Returns:
-      dx: f32[M, N].
     """
     pos = x > 0
     dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
@@ -453,14 +446,8 @@ def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
 def bias_gelu(x, bias, scale):
     """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
 
-    Args:
-      x: bf16[M, N].
-      bias: f32[N].
-      scale: f32[M].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _bias_gelu_tpu_blocks chooses; the spec's: 1024, 1024).
-
-    Returns:
-      y: bf16[M, N].
 
     Gradients: jax.grad runs the generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
     bias_gelu_backward_over_n (_bias_gelu_vjp).
@@ -622,15 +609,8 @@ def bias_gelu_backward(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
 
-    Args:
-      x: bf16[M, N].
-      bias: f32[N].
-      scale: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _bias_gelu_backward_tpu_blocks chooses; the spec's: 1024, 1024).
-
-    Returns:
-      dx: bf16[M, N].
     """
     bias = bias[None, :]
     scale = scale[:, None]
@@ -845,16 +825,9 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
-    Args:
-      x: bf16[M, N].
-      bias: f32[N].
-      scale: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_m_tpu_blocks chooses; the spec's: 1024,
         1024).
-
-    Returns:
-      dbias: f32[N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1072,16 +1045,9 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
     of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
 
-    Args:
-      x: bf16[M, N].
-      bias: f32[N].
-      scale: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_n_tpu_blocks chooses; the spec's: 1024,
         1024).
-
-    Returns:
-      dscale: f32[M].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1230,13 +1196,8 @@ def quantize_rows(x, scale):
     """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and
     clipped to the int8 range; NaN quantizes to 0.
 
-    Args:
-      x: f32[M, N].
-      scale: f32[M].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _quantize_rows_tpu_blocks chooses; the spec's: 1024, 1024).
-
-    Returns:
-      q: i8[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

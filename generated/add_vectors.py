@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -151,13 +153,8 @@ def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
 def add_vectors(x, y):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
-    Args:
-      x: f32[N].
-      y: f32[N].
+    Keywords:
       block_n: TPU blocks (None: as _add_vectors_tpu_blocks chooses; the spec's: 1048576).
-
-    Returns:
-      z: f32[N].
 
     Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
     """
@@ -277,12 +274,8 @@ def add_vectors_backward(dz):
     """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
 
-    Args:
-      dz: f32[N].
+    Keywords:
       block_n: TPU blocks (None: as _add_vectors_backward_tpu_blocks chooses; the spec's: 1048576).
-
-    Returns:
-      dx: f32[N]; dy: f32[N].
     """
     dx = dz
     dy = dz

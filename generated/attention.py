@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -440,15 +442,9 @@ def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 def attention(q, k, v, *, scale=0.125):
     """Causal attention, one pass over T per block of queries.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      o: bf16[B, H, S, D]; lse: f32[B, H, S].
 
     Gradients: jax.grad runs the generated backward kernels attention_backward_dq, attention_backward_dkdv
     (_attention_vjp).
@@ -925,19 +921,9 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      dlse: f32[B, H, S].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_backward_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -1435,18 +1421,9 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      delta: f32[B, H, S].
+    Keywords:
       block_t, block_s: TPU blocks (None: as _attention_backward_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -1902,18 +1879,9 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
     query for the next kernel: one pass over T per block of queries.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
@@ -2393,18 +2361,9 @@ def _attention_dkdv_vjp(saved, cotangents):
 def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """dk and dv: one pass over S per block of keys.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      delta: f32[B, H, S].
+    Keywords:
       block_t, block_s: TPU blocks (None: as _attention_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
@@ -2783,15 +2742,9 @@ def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 def attention_full(q, k, v, *, scale=0.125):
     """Attention without a mask: every query sees every key.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_full_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      o: bf16[B, H, S, D].
 
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
     attention_full_backward_dkdv (_attention_full_vjp).
@@ -3129,19 +3082,10 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_full_backward_dq_tpu_blocks chooses; the spec's: 128,
         128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -3500,19 +3444,10 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      delta: f32[B, H, S].
+    Keywords:
       block_t, block_s: TPU blocks (None: as _attention_full_backward_dkdv_tpu_blocks chooses; the spec's: 128,
         128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -3990,15 +3925,9 @@ def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interp
 def attention_bottom_right(q, k, v, *, scale=0.125):
     """Causal attention aligned at the bottom right: the last query sees every key.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_bottom_right_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      o: bf16[B, H, S, D].
 
     Gradients: jax.grad runs the generated backward kernels attention_bottom_right_backward_dq,
     attention_bottom_right_backward_dkdv (_attention_bottom_right_vjp).
@@ -4464,19 +4393,10 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      o: bf16[B, H, S, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _attention_bottom_right_backward_dq_tpu_blocks chooses; the spec's:
         128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -4991,19 +4911,10 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
 
-    Args:
-      q: bf16[B, H, S, D].
-      k: bf16[B, H, T, D].
-      v: bf16[B, H, T, D].
-      do: bf16[B, H, S, D].
-      lse: f32[B, H, S].
-      delta: f32[B, H, S].
+    Keywords:
       block_t, block_s: TPU blocks (None: as _attention_bottom_right_backward_dkdv_tpu_blocks chooses; the
         spec's: 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
     b = q.shape[0]
     h = q.shape[1]
@@ -5383,14 +5294,8 @@ def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
 def gqa(q, k, v):
     """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
 
-    Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _gqa_tpu_blocks chooses; the spec's: 128, 256).
-
-    Returns:
-      o: bf16[B, G, R, S, D].
 
     Gradients: jax.grad runs the generated backward kernels gqa_backward_dq, gqa_backward_dkdv,
     gqa_backward_over_r (_gqa_vjp).
@@ -5728,17 +5633,8 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
 
-    Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
-      o: bf16[B, G, R, S, D].
-      do: bf16[B, G, R, S, D].
-      lse: f32[B, G, R, S].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _gqa_backward_dq_tpu_blocks chooses; the spec's: 128, 256).
-
-    Returns:
-      dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
     """
     b = q.shape[0]
     g = q.shape[1]
@@ -6103,17 +5999,8 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S (per element of R, summed next).
 
-    Args:
-      q: bf16[B, G, R, S, D].
-      k: bf16[B, G, T, D].
-      v: bf16[B, G, T, D].
-      do: bf16[B, G, R, S, D].
-      lse: f32[B, G, R, S].
-      delta: f32[B, G, R, S].
+    Keywords:
       block_t, block_s: TPU blocks (None: as _gqa_backward_dkdv_tpu_blocks chooses; the spec's: 256, 128).
-
-    Returns:
-      dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
     """
     b = q.shape[0]
     g = q.shape[1]
@@ -6350,14 +6237,9 @@ def gqa_backward_over_r(dk_r, dv_r):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dk, dv summed over R.
 
-    Args:
-      dk_r: f32[B, G, R, T, D].
-      dv_r: f32[B, G, R, T, D].
+    Keywords:
       block_b, block_g, block_t: TPU blocks (None: as _gqa_backward_over_r_tpu_blocks chooses; the spec's: 1, 1,
         256).
-
-    Returns:
-      dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
     """
     b = dk_r.shape[0]
     g = dk_r.shape[1]
@@ -6653,13 +6535,8 @@ def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 def matmul_softmax(x, w):
     """The `matmul_softmax` Pallas kernel.
 
-    Args:
-      x: bf16[M, K].
-      w: bf16[K, N].
+    Keywords:
       block_m, block_k: TPU blocks (None: as _matmul_softmax_tpu_blocks chooses; the spec's: 128, 512).
-
-    Returns:
-      y: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
     matmul_softmax_backward_w (_matmul_softmax_vjp).
@@ -6832,13 +6709,8 @@ def matmul_softmax_backward(y, dy):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
     of its inputs from dy, those of its outputs.
 
-    Args:
-      y: f32[M, N].
-      dy: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _matmul_softmax_backward_tpu_blocks chooses; the spec's: 128).
-
-    Returns:
-      dacc: bf16[M, N].
     """
     dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(jnp.bfloat16)
     return dacc
@@ -7024,15 +6896,10 @@ def matmul_softmax_backward_x(dacc, w):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
     its input x, from dacc, the cotangent of its product.
 
-    Args:
-      dacc: bf16[M, N].
-      w: bf16[K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_softmax_backward_x_tpu_blocks chooses; the spec's:
         128, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dx: bf16[M, K].
     """
     acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -7216,15 +7083,10 @@ def matmul_softmax_backward_w(x, dacc):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
     its input w, from dacc, the cotangent of its product.
 
-    Args:
-      x: bf16[M, K].
-      dacc: bf16[M, N].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_softmax_backward_w_tpu_blocks chooses; the spec's:
         512, 512, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dw: bf16[K, N].
     """
     acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -7492,14 +7354,8 @@ def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 def rmsnorm_matmul(x, g, w):
     """The `rmsnorm_matmul` Pallas kernel.
 
-    Args:
-      x: bf16[M, K].
-      g: f32[K].
-      w: bf16[K, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _rmsnorm_matmul_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      y: bf16[M, N].
 
     Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
     rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m
@@ -7713,13 +7569,8 @@ def rmsnorm_matmul_lhs(x, g):
     """Part of the backward pass of `rmsnorm_matmul`, generated from its spec: its product's
     operand lhs, computed again from its inputs, and the row statistics its derivative reads.
 
-    Args:
-      x: bf16[M, K].
-      g: f32[K].
+    Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_tpu_blocks chooses; the spec's: 256).
-
-    Returns:
-      lhs: bf16[M, K]; mean_k: f32[M].
     """
     m = x.shape[0]
     k = x.shape[1]
@@ -7911,15 +7762,10 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
     its input lhs, from dy, the cotangent of its product.
 
-    Args:
-      dy: bf16[M, N].
-      w: bf16[K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _rmsnorm_matmul_backward_lhs_tpu_blocks chooses; the
         spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dlhs: bf16[M, K].
     """
     acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
     dlhs = acc.astype(jnp.bfloat16)
@@ -8103,15 +7949,10 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
     its input w, from dy, the cotangent of its product.
 
-    Args:
-      lhs: bf16[M, K].
-      dy: bf16[M, N].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _rmsnorm_matmul_backward_w_tpu_blocks chooses; the spec's:
         512, 512, 256).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dw: bf16[K, N].
     """
     acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -8324,15 +8165,8 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
     of its inputs from dlhs, those of its outputs.
 
-    Args:
-      x: bf16[M, K].
-      g: f32[K].
-      mean_k: f32[M].
-      dlhs: bf16[M, K].
+    Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_tpu_blocks chooses; the spec's: 256).
-
-    Returns:
-      dx: bf16[M, K].
     """
     m = x.shape[0]
     k = x.shape[1]
@@ -8536,14 +8370,8 @@ def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
     """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
     of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
 
-    Args:
-      x: bf16[M, K].
-      mean_k: f32[M].
-      dlhs: bf16[M, K].
+    Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks chooses; the spec's: 256).
-
-    Returns:
-      dg: f32[K].
     """
     m = x.shape[0]
     k = x.shape[1]

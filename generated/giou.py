@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -233,20 +235,9 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
     Box a is (ax1, ay1)-(ax2, ay2) and box b is (bx1, by1)-(bx2, by2), one pair per
     element. `eps` keeps empty boxes from dividing by zero.
 
-    Args:
-      ax1: f32[B, N].
-      ay1: f32[B, N].
-      ax2: f32[B, N].
-      ay2: f32[B, N].
-      bx1: f32[B, N].
-      by1: f32[B, N].
-      bx2: f32[B, N].
-      by2: f32[B, N].
+    Keywords:
       block_b, block_n: TPU blocks (None: as _giou_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-
-    Returns:
-      giou: f32[B, N].
 
     Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
@@ -873,21 +864,9 @@ def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
     """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
     of its inputs from dgiou, those of its outputs.
 
-    Args:
-      ax1: f32[B, N].
-      ay1: f32[B, N].
-      ax2: f32[B, N].
-      ay2: f32[B, N].
-      bx1: f32[B, N].
-      by1: f32[B, N].
-      bx2: f32[B, N].
-      by2: f32[B, N].
-      dgiou: f32[B, N].
+    Keywords:
       block_b, block_n: TPU blocks (None: as _giou_backward_tpu_blocks chooses; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
-
-    Returns:
-      dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
     """
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1

@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -323,13 +325,8 @@ def cross_entropy(logits, label):
     """Cross-entropy of each row's logits against its label, over a vocabulary too long
     for one block: V is an arbitrary grid axis with running accumulators.
 
-    Args:
-      logits: bf16[M, V].
-      label: i32[M].
+    Keywords:
       block_m, block_v: TPU blocks (None: as _cross_entropy_tpu_blocks chooses; the spec's: 16, 2048).
-
-    Returns:
-      loss: f32[M].
 
     Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
@@ -501,15 +498,8 @@ def cross_entropy_backward(logits, label, logsumexp_v, dloss):
     """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
     of its inputs from dloss, those of its outputs.
 
-    Args:
-      logits: bf16[M, V].
-      label: i32[M].
-      logsumexp_v: f32[M].
-      dloss: f32[M].
+    Keywords:
       block_m, block_v: TPU blocks (None: as _cross_entropy_backward_tpu_blocks chooses; the spec's: 16, 2048).
-
-    Returns:
-      dlogits: bf16[M, V].
     """
     m = logits.shape[0]
     v = logits.shape[1]

@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -212,14 +214,9 @@ def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 def matmul(x, y):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
 
-    Args:
-      x: f32[M, K].
-      y: f32[K, N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_tpu_blocks chooses; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
@@ -394,15 +391,10 @@ def matmul_backward_x(dz, y):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
     its input x, from dz, the cotangent of its product.
 
-    Args:
-      dz: f32[M, N].
-      y: f32[K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_backward_x_tpu_blocks chooses; the spec's: 512,
         1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dx: f32[M, K].
     """
     acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     dx = acc
@@ -577,15 +569,10 @@ def matmul_backward_y(x, dz):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
     its input y, from dz, the cotangent of its product.
 
-    Args:
-      x: f32[M, K].
-      dz: f32[M, N].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_backward_y_tpu_blocks chooses; the spec's: 1024,
         1024, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dy: f32[K, N].
     """
     acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     dy = acc
@@ -815,15 +802,10 @@ def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
 def matmul_relu(x, y):
     """The quickstart's matmul with a fused activation.
 
-    Args:
-      x: f32[M, K].
-      y: f32[K, N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_tpu_blocks chooses; the spec's: 256, 512,
         512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
     (_matmul_relu_vjp).
@@ -1069,15 +1051,9 @@ def matmul_relu_backward_x(acc, dz, y):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
-    Args:
-      acc: f32[M, N].
-      dz: f32[M, N].
-      y: f32[K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_relu_backward_x_tpu_blocks chooses; the spec's:
         256, 512, 512).
-
-    Returns:
-      dx: f32[M, K].
     """
     m = acc.shape[0]
     k = y.shape[0]
@@ -1331,15 +1307,9 @@ def matmul_relu_backward_y(acc, dz, x):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
-    Args:
-      acc: f32[M, N].
-      dz: f32[M, N].
-      x: f32[M, K].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_relu_backward_y_tpu_blocks chooses; the spec's:
         512, 512, 256).
-
-    Returns:
-      dy: f32[K, N].
     """
     k = x.shape[1]
     n = acc.shape[1]
@@ -1591,16 +1561,10 @@ def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
 def matmul_bias_gelu(x, y, bias):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
 
-    Args:
-      x: bf16[M, K].
-      y: bf16[K, N].
-      bias: f32[N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_tpu_blocks chooses; the spec's: 512,
         1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: bf16[M, N].
 
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
@@ -1880,16 +1844,9 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
-    Args:
-      acc: f32[M, N].
-      bias: f32[N].
-      dz: bf16[M, N].
-      y: bf16[K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_bias_gelu_backward_x_tpu_blocks chooses; the
         spec's: 512, 1024, 1024).
-
-    Returns:
-      dx: bf16[M, K].
     """
     m = acc.shape[0]
     k = y.shape[0]
@@ -2278,16 +2235,9 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
 
-    Args:
-      acc: f32[M, N].
-      bias: f32[N].
-      dz: bf16[M, N].
-      x: bf16[M, K].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_bias_gelu_backward_y_tpu_blocks chooses; the
         spec's: 1024, 1024, 512).
-
-    Returns:
-      dy: bf16[K, N]; dbias: f32[N].
     """
     k = x.shape[1]
     n = acc.shape[1]
@@ -2480,15 +2430,10 @@ def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
 def matmul_int8(x, y):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
 
-    Args:
-      x: i8[M, K].
-      y: i8[K, N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_int8_tpu_blocks chooses; the spec's: 512, 1024,
         1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: i32[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -2677,15 +2622,10 @@ def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
 def batched_matmul(x, y):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
 
-    Args:
-      x: bf16[B, M, K].
-      y: bf16[B, K, N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _batched_matmul_tpu_blocks chooses; the spec's: 512, 1024,
         1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      z: f32[B, M, N].
 
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
     (_batched_matmul_vjp).
@@ -2927,14 +2867,9 @@ def batched_matmul_backward_x(dz, y):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
-    Args:
-      dz: f32[B, M, N].
-      y: bf16[B, K, N].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _batched_matmul_backward_x_tpu_blocks chooses; the spec's:
         512, 1024, 1024).
-
-    Returns:
-      dx: bf16[B, M, K].
     """
     b = dz.shape[0]
     m = dz.shape[1]
@@ -3184,14 +3119,9 @@ def batched_matmul_backward_y(dz, x):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
-    Args:
-      dz: f32[B, M, N].
-      x: bf16[B, M, K].
+    Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _batched_matmul_backward_y_tpu_blocks chooses; the spec's:
         1024, 1024, 512).
-
-    Returns:
-      dy: bf16[B, K, N].
     """
     b = dz.shape[0]
     k = x.shape[2]
@@ -3375,15 +3305,10 @@ def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 def scores(q, k, *, scale=0.125):
     """Attention scores: q against every key, scaled; D is taken whole.
 
-    Args:
-      q: bf16[B, S, D].
-      k: bf16[B, T, D].
+    Keywords:
       block_s, block_t: TPU blocks (None: as _scores_tpu_blocks chooses; the spec's: 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
-
-    Returns:
-      s: f32[B, S, T].
 
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
     scores_backward_k (_scores_vjp).
@@ -3504,14 +3429,10 @@ def scores_backward_epilogue(ds, *, scale=0.125):
     """The backward pass of `scores`, generated from its spec: the cotangents dacc
     of its inputs from ds, those of its outputs.
 
-    Args:
-      ds: f32[B, S, T].
+    Keywords:
       block_b, block_s, block_t: TPU blocks (None: as _scores_backward_epilogue_tpu_blocks chooses; the spec's:
         1, 128, 128).
       scale: a static f32 (default 0.125).
-
-    Returns:
-      dacc: bf16[B, S, T].
     """
     dacc = (ds * scale).astype(jnp.bfloat16)
     return dacc
@@ -3688,15 +3609,10 @@ def scores_backward_q(dacc, k):
     """The backward pass of `scores`, generated from its spec: the cotangent dq of
     its input q, from dacc, the cotangent of its product.
 
-    Args:
-      dacc: bf16[B, S, T].
-      k: bf16[B, T, D].
+    Keywords:
       block_s, block_d, block_t: TPU blocks (None: as _scores_backward_q_tpu_blocks chooses; the spec's: 128,
         128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dq: bf16[B, S, D].
     """
     acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
     dq = acc.astype(jnp.bfloat16)
@@ -3878,15 +3794,10 @@ def scores_backward_k(dacc, q):
     """The backward pass of `scores`, generated from its spec: the cotangent dk of
     its input k, from dacc, the cotangent of its product.
 
-    Args:
-      dacc: bf16[B, S, T].
-      q: bf16[B, S, D].
+    Keywords:
       block_t, block_d, block_s: TPU blocks (None: as _scores_backward_k_tpu_blocks chooses; the spec's: 128,
         128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dk: bf16[B, T, D].
     """
     acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
     dk = acc.astype(jnp.bfloat16)
@@ -4087,15 +3998,9 @@ def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
 def linear(x, w, bias):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
 
-    Args:
-      x: bf16[M, K].
-      w: bf16[N, K].
-      bias: f32[N].
+    Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _linear_tpu_blocks chooses; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      y: bf16[M, N].
 
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
     linear_backward_w (_linear_vjp).
@@ -4258,13 +4163,9 @@ def linear_backward_over_m(dy):
     """The backward pass of `linear`, generated from its spec: the cotangents dbias
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
-    Args:
-      dy: bf16[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _linear_backward_over_m_tpu_blocks chooses; the spec's: 1024,
         1024).
-
-    Returns:
-      dbias: f32[N].
     """
     m = dy.shape[0]
     n = dy.shape[1]
@@ -4436,15 +4337,10 @@ def linear_backward_x(dy, w):
     """The backward pass of `linear`, generated from its spec: the cotangent dx of
     its input x, from dy, the cotangent of its product.
 
-    Args:
-      dy: bf16[M, N].
-      w: bf16[N, K].
+    Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _linear_backward_x_tpu_blocks chooses; the spec's: 1024,
         1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dx: bf16[M, K].
     """
     acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -4616,15 +4512,10 @@ def linear_backward_w(dy, x):
     """The backward pass of `linear`, generated from its spec: the cotangent dw of
     its input w, from dy, the cotangent of its product.
 
-    Args:
-      dy: bf16[M, N].
-      x: bf16[M, K].
+    Keywords:
       block_n, block_k, block_m: TPU blocks (None: as _linear_backward_w_tpu_blocks chooses; the spec's: 1024,
         1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
-
-    Returns:
-      dw: bf16[N, K].
     """
     acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)

@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -328,15 +330,9 @@ def layer_norm(x, w, b, *, eps=1e-05):
     """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
     each row had (what a backward pass needs).
 
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      b: f32[N].
+    Keywords:
       block_m: TPU blocks (None: as _layer_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-
-    Returns:
-      y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
 
     Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
     (_layer_norm_vjp).
@@ -674,20 +670,9 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
     """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
     of its inputs from dy, dmu, drstd, those of its outputs.
 
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      mu: f32[M].
-      rstd: f32[M].
-      mean_n: f32[M].
-      dy: bf16[M, N].
-      dmu: f32[M].
-      drstd: f32[M].
+    Keywords:
       block_m: TPU blocks (None: as _layer_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
-
-    Returns:
-      dx: bf16[M, N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -936,15 +921,8 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
     """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
     of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
 
-    Args:
-      x: bf16[M, N].
-      mu: f32[M].
-      rstd: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _layer_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
-
-    Returns:
-      dw: f32[N]; db: f32[N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1162,14 +1140,9 @@ def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
 def rms_norm(x, w, *, eps=1e-06):
     """RMSNorm over the last dimension (Llama's), computed in f32.
 
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
+    Keywords:
       block_m: TPU blocks (None: as _rms_norm_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-
-    Returns:
-      y: bf16[M, N].
 
     Gradients: jax.grad runs the generated backward kernels rms_norm_backward, rms_norm_backward_over_m
     (_rms_norm_vjp).
@@ -1387,16 +1360,9 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
 
-    Args:
-      x: bf16[M, N].
-      w: f32[N].
-      mean_n: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _rms_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-
-    Returns:
-      dx: bf16[M, N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1598,15 +1564,9 @@ def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
     """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
-    Args:
-      x: bf16[M, N].
-      mean_n: f32[M].
-      dy: bf16[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _rms_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
-
-    Returns:
-      dw: f32[N].
     """
     m = x.shape[0]
     n = x.shape[1]

@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -156,13 +158,8 @@ def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def add_f32(x, y):
     """The `add_f32` Pallas kernel.
 
-    Args:
-      x: f32[M, N].
-      y: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _add_f32_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
@@ -286,12 +283,8 @@ def add_f32_backward(dz):
     """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
 
-    Args:
-      dz: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _add_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      dx: f32[M, N]; dy: f32[M, N].
     """
     dx = dz
     dy = dz
@@ -424,13 +417,8 @@ def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def mul_f32(x, y):
     """The `mul_f32` Pallas kernel.
 
-    Args:
-      x: f32[M, N].
-      y: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _mul_f32_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
@@ -572,14 +560,8 @@ def mul_f32_backward(x, y, dz):
     """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      y: f32[M, N].
-      dz: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _mul_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      dx: f32[M, N]; dy: f32[M, N].
     """
     dx = dz * y
     dy = dz * x
@@ -717,12 +699,8 @@ def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def argmax_f32(x):
     """The `argmax_f32` Pallas kernel.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _argmax_f32_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -889,13 +867,8 @@ def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def equal_count_f32(x, y):
     """The `equal_count_f32` Pallas kernel.
 
-    Args:
-      x: f32[N].
-      y: f32[N].
+    Keywords:
       block_n: TPU blocks (None: as _equal_count_f32_tpu_blocks chooses; the spec's: 4096).
-
-    Returns:
-      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1010,13 +983,8 @@ def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def add_i32(x, y):
     """The `add_i32` Pallas kernel.
 
-    Args:
-      x: i32[M, N].
-      y: i32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _add_i32_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      z: i32[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1129,13 +1097,8 @@ def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def mul_i32(x, y):
     """The `mul_i32` Pallas kernel.
 
-    Args:
-      x: i32[M, N].
-      y: i32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _mul_i32_tpu_blocks chooses; the spec's: 256, 512).
-
-    Returns:
-      z: i32[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1269,12 +1232,8 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def argmax_i32(x):
     """The `argmax_i32` Pallas kernel.
 
-    Args:
-      x: i32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _argmax_i32_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1399,13 +1358,8 @@ def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 def equal_count_i32(x, y):
     """The `equal_count_i32` Pallas kernel.
 
-    Args:
-      x: i32[N].
-      y: i32[N].
+    Keywords:
       block_n: TPU blocks (None: as _equal_count_i32_tpu_blocks chooses; the spec's: 4096).
-
-    Returns:
-      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1526,13 +1480,8 @@ def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 def add_i8(x, y):
     """The `add_i8` Pallas kernel.
 
-    Args:
-      x: i8[M, N].
-      y: i8[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _add_i8_tpu_blocks chooses; the spec's: 1024, 512).
-
-    Returns:
-      z: i8[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1651,13 +1600,8 @@ def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 def mul_i8(x, y):
     """The `mul_i8` Pallas kernel.
 
-    Args:
-      x: i8[M, N].
-      y: i8[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _mul_i8_tpu_blocks chooses; the spec's: 1024, 512).
-
-    Returns:
-      z: i8[M, N].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1794,12 +1738,8 @@ def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 def argmax_i8(x):
     """The `argmax_i8` Pallas kernel.
 
-    Args:
-      x: i8[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _argmax_i8_tpu_blocks chooses; the spec's: 32).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1941,13 +1881,8 @@ def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 def equal_count_i8(x, y):
     """The `equal_count_i8` Pallas kernel.
 
-    Args:
-      x: i8[N].
-      y: i8[N].
+    Keywords:
       block_n: TPU blocks (None: as _equal_count_i8_tpu_blocks chooses; the spec's: 4096).
-
-    Returns:
-      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -168,12 +170,8 @@ def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 def argmax_rows(x):
     """The first index of each row's maximum, as jnp.argmax.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _argmax_rows_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -311,12 +309,8 @@ def argmax_blocked(x):
     """argmax_rows over rows too long for one block: N is reduced step by step, each step's
     running maximum kept with its first index (ties keep the earlier block's).
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _argmax_blocked_tpu_blocks chooses; the spec's: 8, 512).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -458,12 +452,8 @@ def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 def argmin_rows(x):
     """The first index of each row's minimum, as jnp.argmin.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _argmin_rows_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      i: i32[M].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -634,12 +624,8 @@ def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
 def column_sums(x):
     """The sum of each column, over row blocks: M is reduced step by step.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _column_sums_tpu_blocks chooses; the spec's: 512, 512).
-
-    Returns:
-      s: f32[N].
 
     Gradients: jax.grad runs the generated backward kernels column_sums_backward (_column_sums_vjp).
     """
@@ -764,13 +750,8 @@ def column_sums_backward(x, ds):
     """The backward pass of `column_sums`, generated from its spec: the cotangents dx
     of its inputs from ds, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      ds: f32[N].
+    Keywords:
       block_m, block_n: TPU blocks (None: as _column_sums_backward_tpu_blocks chooses; the spec's: 512, 512).
-
-    Returns:
-      dx: f32[M, N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1034,12 +1015,8 @@ def quantize_rows_int8(x):
     """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
     that it maps to 127, and rounded half to even.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _quantize_rows_int8_tpu_blocks chooses; the spec's: 32).
-
-    Returns:
-      q: i8[M, N]; scale: f32[M].
 
     Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
     (_quantize_rows_int8_vjp).
@@ -1210,15 +1187,8 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
     """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
     of its inputs from dscale, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      max_n: f32[M].
-      argmax_n: i32[M].
-      dscale: f32[M].
+    Keywords:
       block_m: TPU blocks (None: as _quantize_rows_int8_backward_tpu_blocks chooses; the spec's: 32).
-
-    Returns:
-      dx: f32[M, N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -1389,13 +1359,8 @@ def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
 def equal_count(x, y):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
 
-    Args:
-      x: i32[N].
-      y: i32[N].
+    Keywords:
       block_n: TPU blocks (None: as _equal_count_tpu_blocks chooses; the spec's: 1024).
-
-    Returns:
-      n: i32[].
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

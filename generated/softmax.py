@@ -7,11 +7,13 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-Beside the arrays and params its Args name, every kernel takes these keywords: block_* (its TPU
-blocks; None: as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps,
-gpu_stages (Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by
-rt.triton_options), gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in),
-interpret (None: interpreted where no kernel compiles, as on CPU).
+A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
+to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
+as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -311,12 +313,8 @@ def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 def softmax(x):
     """Softmax over the last dimension.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _softmax_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      y: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
@@ -574,16 +572,8 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     """The backward pass of `softmax`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      sum_n: f32[M].
-      argmax_n: i32[M].
-      max_n: f32[M].
-      dy: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _softmax_backward_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      dx: f32[M, N].
     """
     m = x.shape[0]
     n = x.shape[1]
@@ -791,12 +781,8 @@ def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 def log_softmax(x):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.
 
-    Args:
-      x: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _log_softmax_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      y: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels log_softmax_backward (_log_softmax_vjp).
     """
@@ -972,14 +958,8 @@ def log_softmax_backward(x, logsumexp_n, dy):
     """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
 
-    Args:
-      x: f32[M, N].
-      logsumexp_n: f32[M].
-      dy: f32[M, N].
+    Keywords:
       block_m: TPU blocks (None: as _log_softmax_backward_tpu_blocks chooses; the spec's: 8).
-
-    Returns:
-      dx: f32[M, N].
     """
     logsumexp_n = logsumexp_n[:, None]
     dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)

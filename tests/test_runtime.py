@@ -273,6 +273,58 @@ def test_a_bundled_kernels_triton_lowering_warns_of_nothing():
     assert "triton" in lowered.as_text().lower()
 
 
+def test_a_kernels_docstring_gets_its_arrays_as_declared_once_in_its_decorator():
+    def scaled(x_, bias, *, scale=2.0):
+        """Scales rows.
+
+        Keywords:
+          scale: a static f32 (default 2.0).
+
+        Gradients: none.
+        """
+
+    doc = support.with_arrays(scaled, ("x: bf16[M, N]", "bias: f32[N] as [1, N]"), ("y: f32[M, N]", "s: f32[M] as [M, 1]"))
+    assert doc.splitlines() == [
+        "Scales rows.",
+        "",
+        "Args:",
+        "  x_: bf16[M, N].",
+        "  bias: f32[N].",
+        "",
+        "Returns:",
+        "  y: f32[M, N]; s: f32[M].",
+        "",
+        "Keywords:",
+        "  scale: a static f32 (default 2.0).",
+        "",
+        "Gradients: none.",
+    ]
+
+
+def test_a_docstring_without_sections_ends_with_the_arrays():
+    def plain(x):
+        """Copies x."""
+
+    assert support.with_arrays(plain, ("x: f32[N]",), ("y: f32[N]",)).splitlines() == [
+        "Copies x.",
+        "",
+        "Args:",
+        "  x: f32[N].",
+        "",
+        "Returns:",
+        "  y: f32[N].",
+    ]
+
+
+def test_a_generated_kernels_help_names_its_arrays_and_keywords():
+    module = load_module(GENERATED / "norms.py", "_docs_norms")
+    doc = module.layer_norm.__doc__
+    assert "Args:\n  x: bf16[M, N].\n  w: f32[N].\n  b: f32[N].\n" in doc
+    assert "Returns:\n  y: bf16[M, N]; mu: f32[M]; rstd: f32[M].\n" in doc
+    assert "Keywords:\n  block_m: TPU blocks" in doc
+    assert inspect.getdoc(module.layer_norm) == doc
+
+
 def test_operands_converts_checks_and_names_each_size():
     arrays, sizes = support.operands(
         "k", {"x": ([[1.0, 2.0]], jnp.float32, ("M", "N")), "b": (np.zeros(2, np.float32), jnp.float32, ("N",))}

@@ -213,7 +213,7 @@ def plan_kernel(
     public_signature = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
     return KernelPlan(
         name=kernel.name,
-        doc=_docstring(kernel, public_signature, values),
+        doc=_docstring(kernel, public_signature),
         inputs=lowered.inputs,
         outputs=lowered.outputs,
         signature=public_signature,
@@ -233,12 +233,12 @@ def plan_kernel(
     )
 
 
-def _docstring(kernel: ir.Kernel, public: Signature, values) -> tuple[str, ...]:
-    """The spec's comment lines, then the arguments and results."""
-    summary = list(kernel.doc) or [f"The `{kernel.name}` Pallas kernel."]
-    args = public.args_doc([f"  {values[d.name]}: {d.dtype}[{', '.join(d.dims)}]." for d in kernel.inputs])
-    results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
-    return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
+def _docstring(kernel: ir.Kernel, public: Signature) -> tuple[str, ...]:
+    """The spec's comment lines, then the keywords particular to the kernel. Its arrays are
+    declared once, in `@rt.kernel`, which adds them to the docstring as Args and Returns."""
+    summary = tuple(kernel.doc) or (f"The `{kernel.name}` Pallas kernel.",)
+    keywords = public.keywords_doc
+    return (*summary, "", "Keywords:", *keywords) if keywords else summary
 
 
 def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:

@@ -1,5 +1,5 @@
 """A generated kernel's public signature, said once: its parameters, `static_argnames`,
-the Args of its docstring and the names the generated code must not reuse all come
+the Keywords of its docstring and the names the generated code must not reuse all come
 from here."""
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class Signature:
     def names(self) -> frozenset[str]:
         return frozenset(self.static_argnames)
 
-    def args_doc(self, input_lines: list[str]) -> list[str]:
-        return [*input_lines, *(line for group in self.groups for line in group.doc)]
+    @property
+    def keywords_doc(self) -> tuple[str, ...]:
+        return tuple(line for group in self.groups for line in group.doc)
 
 
 def signature(arrays: list[str], backend_groups: list[KeywordGroup], params: tuple[ir.Param, ...]) -> Signature:

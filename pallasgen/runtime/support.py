@@ -449,19 +449,44 @@ def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residua
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
     launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
-    `declared_arrays`), the rest as `Kernel` takes them."""
-    return functools.partial(
-        Kernel,
-        inputs=declared_arrays(inputs),
-        outputs=declared_arrays(outputs),
-        sizes=sizes,
-        params=params or {},
-        launchers=launchers,
-        vjp=vjp,
-        saves=saves,
-        residuals=declared_arrays(residuals or ()),
-        saving=saving,
-    )
+    `declared_arrays`), the rest as `Kernel` takes them. Its docstring is the reference's
+    with the arrays as Args and Returns (`with_arrays`), declared once, here."""
+
+    def public(reference):
+        made = Kernel(
+            reference,
+            inputs=declared_arrays(inputs),
+            outputs=declared_arrays(outputs),
+            sizes=sizes,
+            params=params or {},
+            launchers=launchers,
+            vjp=vjp,
+            saves=saves,
+            residuals=declared_arrays(residuals or ()),
+            saving=saving,
+        )
+        made.__doc__ = with_arrays(reference, inputs, outputs)
+        return made
+
+    return public
+
+
+def with_arrays(reference, inputs, outputs):
+    """The reference's docstring with Args (each input array, named as the function's
+    parameter, of its declared type) and Returns (each output's) after its summary: before
+    its first section (Keywords, Gradients), if any.
+
+    "x: f32[N] as [1, N]" reads "x: f32[N]": the spec's declaration, not the kernels' layout."""
+    lines = inspect.cleandoc(reference.__doc__ or "").splitlines()
+    names = list(inspect.signature(reference).parameters)
+    declared = [array.split(" as ")[0] for array in inputs]
+    args = [f"  {name}{array[array.index(':'):]}." for name, array in zip(names, declared)]
+    returns = "; ".join(array.split(" as ")[0] for array in outputs)
+    sections = ["Args:", *args, "", "Returns:", f"  {returns}.", ""]
+    first = next((i for i, line in enumerate(lines) if line == "Keywords:" or line.startswith("Gradients:")), None)
+    if first is None:
+        return "\n".join([*lines, "", *sections[:-1]])
+    return "\n".join([*lines[:first], *sections, *lines[first:]])
 
 
 # The spec's dtypes, by the names it gives them (analysis.dtypes.DTYPES: a test checks the two agree).
