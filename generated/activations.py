@@ -829,8 +829,7 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
       block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_m_tpu_blocks chooses; the spec's: 1024,
         1024).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     bias = bias[None, :]
     scale = scale[:, None]
     y_1 = x.astype(jnp.float32)
@@ -1049,8 +1048,7 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
       block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_n_tpu_blocks chooses; the spec's: 1024,
         1024).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     bias = bias[None, :]
     scale = scale[:, None]
     y_1 = x.astype(jnp.float32)

@@ -449,10 +449,7 @@ def attention(q, k, v, *, scale=0.125):
     Gradients: jax.grad runs the generated backward kernels attention_backward_dq, attention_backward_dkdv
     (_attention_vjp).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -925,10 +922,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
       block_s, block_t: TPU blocks (None: as _attention_backward_dq_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -1425,11 +1419,8 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
       block_t, block_s: TPU blocks (None: as _attention_backward_dkdv_tpu_blocks chooses; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
-    d = q.shape[3]
-    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -1885,10 +1876,7 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -2367,11 +2355,8 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    b = q.shape[0]
-    h = q.shape[1]
+    b, h, s, d = q.shape
     t = k.shape[2]
-    d = q.shape[3]
-    s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -2749,10 +2734,7 @@ def attention_full(q, k, v, *, scale=0.125):
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
     attention_full_backward_dkdv (_attention_full_vjp).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    s = q.shape[2]
-    d = q.shape[3]
+    b, h, s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -3087,10 +3069,7 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
         128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -3449,11 +3428,8 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
-    d = q.shape[3]
-    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -3932,10 +3908,7 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
     Gradients: jax.grad runs the generated backward kernels attention_bottom_right_backward_dq,
     attention_bottom_right_backward_dkdv (_attention_bottom_right_vjp).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -4398,10 +4371,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
         128, 128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
-    size_s = q.shape[2]
-    d = q.shape[3]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
@@ -4916,11 +4886,8 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
         spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
-    b = q.shape[0]
-    h = q.shape[1]
+    b, h, size_s, d = q.shape
     t = k.shape[2]
-    d = q.shape[3]
-    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -5300,11 +5267,7 @@ def gqa(q, k, v):
     Gradients: jax.grad runs the generated backward kernels gqa_backward_dq, gqa_backward_dkdv,
     gqa_backward_over_r (_gqa_vjp).
     """
-    b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
-    size_s = q.shape[3]
-    d = q.shape[4]
+    b, g, r, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
@@ -5636,11 +5599,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     Keywords:
       block_s, block_t: TPU blocks (None: as _gqa_backward_dq_tpu_blocks chooses; the spec's: 128, 256).
     """
-    b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
-    size_s = q.shape[3]
-    d = q.shape[4]
+    b, g, r, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
@@ -6002,12 +5961,8 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     Keywords:
       block_t, block_s: TPU blocks (None: as _gqa_backward_dkdv_tpu_blocks chooses; the spec's: 256, 128).
     """
-    b = q.shape[0]
-    g = q.shape[1]
-    r = q.shape[2]
+    b, g, r, size_s, d = q.shape
     t = k.shape[2]
-    d = q.shape[4]
-    size_s = q.shape[3]
     q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
     k = k[:, :, None, :, :, None]
     v = v[:, :, None, :, :, None]
@@ -6241,11 +6196,7 @@ def gqa_backward_over_r(dk_r, dv_r):
       block_b, block_g, block_t: TPU blocks (None: as _gqa_backward_over_r_tpu_blocks chooses; the spec's: 1, 1,
         256).
     """
-    b = dk_r.shape[0]
-    g = dk_r.shape[1]
-    r = dk_r.shape[2]
-    t = dk_r.shape[3]
-    d = dk_r.shape[4]
+    b, g, r, t, d = dk_r.shape
     dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
     dv = jnp.sum(dv_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
     dk = dk.reshape((b, g, t, d))
@@ -6541,9 +6492,8 @@ def matmul_softmax(x, w):
     Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
     matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
-    m = x.shape[0]
+    m, k = x.shape
     n = w.shape[1]
-    k = x.shape[1]
     x = x[:, None, :]
     w = jnp.transpose(w, (1, 0))[None, :, :]
     y = jax.nn.softmax(
@@ -7361,9 +7311,8 @@ def rmsnorm_matmul(x, g, w):
     rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m
     (_rmsnorm_matmul_vjp).
     """
-    m = x.shape[0]
+    m, k = x.shape
     n = w.shape[1]
-    k = x.shape[1]
     x = x[:, None, :]
     g = g[None, None, :]
     w = jnp.transpose(w, (1, 0))[None, :, :]
@@ -7572,8 +7521,7 @@ def rmsnorm_matmul_lhs(x, g):
     Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_tpu_blocks chooses; the spec's: 256).
     """
-    m = x.shape[0]
-    k = x.shape[1]
+    m, k = x.shape
     g = g[None, :]
     h = x.astype(jnp.float32)
     mean_k = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
@@ -8168,8 +8116,7 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_tpu_blocks chooses; the spec's: 256).
     """
-    m = x.shape[0]
-    k = x.shape[1]
+    m, k = x.shape
     g = g[None, :]
     mean_k = mean_k[:, None]
     h = x.astype(jnp.float32)
@@ -8373,8 +8320,7 @@ def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
     Keywords:
       block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks chooses; the spec's: 256).
     """
-    m = x.shape[0]
-    k = x.shape[1]
+    m, k = x.shape
     mean_k = mean_k[:, None]
     h = x.astype(jnp.float32)
     lhs_1 = mean_k + 1e-06

@@ -330,8 +330,7 @@ def cross_entropy(logits, label):
 
     Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
-    m = logits.shape[0]
-    v = logits.shape[1]
+    m, v = logits.shape
     label = label[:, None]
     z = logits.astype(jnp.float32)
     loss = jax.nn.logsumexp(z, axis=1, keepdims=True) - jnp.sum(
@@ -501,8 +500,7 @@ def cross_entropy_backward(logits, label, logsumexp_v, dloss):
     Keywords:
       block_m, block_v: TPU blocks (None: as _cross_entropy_backward_tpu_blocks chooses; the spec's: 16, 2048).
     """
-    m = logits.shape[0]
-    v = logits.shape[1]
+    m, v = logits.shape
     label = label[:, None]
     logsumexp_v = logsumexp_v[:, None]
     dloss = dloss[:, None]

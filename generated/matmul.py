@@ -1055,9 +1055,8 @@ def matmul_relu_backward_x(acc, dz, y):
       block_m, block_k, block_n: TPU blocks (None: as _matmul_relu_backward_x_tpu_blocks chooses; the spec's:
         256, 512, 512).
     """
-    m = acc.shape[0]
+    m, n = acc.shape
     k = y.shape[0]
-    n = acc.shape[1]
     acc = acc[:, None, :]
     dz = dz[:, None, :]
     y = y[None, :, :]
@@ -1312,8 +1311,7 @@ def matmul_relu_backward_y(acc, dz, x):
         512, 512, 256).
     """
     k = x.shape[1]
-    n = acc.shape[1]
-    m = acc.shape[0]
+    m, n = acc.shape
     acc = jnp.transpose(acc, (1, 0))[None, :, :]
     dz = jnp.transpose(dz, (1, 0))[None, :, :]
     x = jnp.transpose(x, (1, 0))[:, None, :]
@@ -1848,9 +1846,8 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
       block_m, block_k, block_n: TPU blocks (None: as _matmul_bias_gelu_backward_x_tpu_blocks chooses; the
         spec's: 512, 1024, 1024).
     """
-    m = acc.shape[0]
+    m, n = acc.shape
     k = y.shape[0]
-    n = acc.shape[1]
     acc = acc[:, None, :]
     bias = bias[None, None, :]
     dz = dz[:, None, :]
@@ -2240,8 +2237,7 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
         spec's: 1024, 1024, 512).
     """
     k = x.shape[1]
-    n = acc.shape[1]
-    m = acc.shape[0]
+    m, n = acc.shape
     acc = jnp.transpose(acc, (1, 0))[None, :, :]
     bias = bias[None, :, None]
     dz = jnp.transpose(dz, (1, 0))[None, :, :]
@@ -2871,10 +2867,8 @@ def batched_matmul_backward_x(dz, y):
       block_m, block_k, block_n: TPU blocks (None: as _batched_matmul_backward_x_tpu_blocks chooses; the spec's:
         512, 1024, 1024).
     """
-    b = dz.shape[0]
-    m = dz.shape[1]
+    b, m, n = dz.shape
     k = y.shape[1]
-    n = dz.shape[2]
     dz = dz[:, :, None, :]
     y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
@@ -3123,10 +3117,8 @@ def batched_matmul_backward_y(dz, x):
       block_k, block_n, block_m: TPU blocks (None: as _batched_matmul_backward_y_tpu_blocks chooses; the spec's:
         1024, 1024, 512).
     """
-    b = dz.shape[0]
+    b, m, n = dz.shape
     k = x.shape[2]
-    n = dz.shape[2]
-    m = dz.shape[1]
     dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
     x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
     dacc = dz.astype(jnp.bfloat16)
@@ -4167,8 +4159,7 @@ def linear_backward_over_m(dy):
       block_m, block_n: TPU blocks (None: as _linear_backward_over_m_tpu_blocks chooses; the spec's: 1024,
         1024).
     """
-    m = dy.shape[0]
-    n = dy.shape[1]
+    m, n = dy.shape
     dy_1 = dy.astype(jnp.float32)
     dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
     dbias = dbias.reshape((n,))

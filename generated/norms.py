@@ -337,8 +337,7 @@ def layer_norm(x, w, b, *, eps=1e-05):
     Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
     (_layer_norm_vjp).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     w = w[None, :]
     b = b[None, :]
     h = x.astype(jnp.float32)
@@ -674,8 +673,7 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
       block_m: TPU blocks (None: as _layer_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-05).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     w = w[None, :]
     mu = mu[:, None]
     rstd = rstd[:, None]
@@ -924,8 +922,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
     Keywords:
       block_m: TPU blocks (None: as _layer_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     mu = mu[:, None]
     rstd = rstd[:, None]
     h = x.astype(jnp.float32)
@@ -1364,8 +1361,7 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
       block_m: TPU blocks (None: as _rms_norm_backward_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     w = w[None, :]
     mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
@@ -1568,8 +1564,7 @@ def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
       block_m: TPU blocks (None: as _rms_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
       eps: a static f32 (default 1e-06).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
     y_1 = mean_n + eps

@@ -705,8 +705,7 @@ def argmax_f32(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
@@ -1238,8 +1237,7 @@ def argmax_i32(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
@@ -1744,8 +1742,7 @@ def argmax_i8(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i

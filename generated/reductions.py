@@ -176,8 +176,7 @@ def argmax_rows(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
@@ -315,8 +314,7 @@ def argmax_blocked(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
@@ -458,8 +456,7 @@ def argmin_rows(x):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     i = jnp.argmin(x, axis=1, keepdims=True).astype(jnp.int32)
     i = i.reshape((m,))
     return i
@@ -629,8 +626,7 @@ def column_sums(x):
 
     Gradients: jax.grad runs the generated backward kernels column_sums_backward (_column_sums_vjp).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     s = jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
     s = s.reshape((n,))
     return s
@@ -753,8 +749,7 @@ def column_sums_backward(x, ds):
     Keywords:
       block_m, block_n: TPU blocks (None: as _column_sums_backward_tpu_blocks chooses; the spec's: 512, 512).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     ds = ds[None, :]
     dx = jnp.broadcast_to(ds, (m, n))
     return dx
@@ -1021,8 +1016,7 @@ def quantize_rows_int8(x):
     Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
     (_quantize_rows_int8_vjp).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
     q = jnp.round(x / s).astype(jnp.int8)
     scale = s
@@ -1190,8 +1184,7 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
     Keywords:
       block_m: TPU blocks (None: as _quantize_rows_int8_backward_tpu_blocks chooses; the spec's: 32).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     max_n = max_n[:, None]
     argmax_n = argmax_n[:, None]
     dscale = dscale[:, None]

@@ -575,8 +575,7 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     Keywords:
       block_m: TPU blocks (None: as _softmax_backward_tpu_blocks chooses; the spec's: 8).
     """
-    m = x.shape[0]
-    n = x.shape[1]
+    m, n = x.shape
     sum_n = sum_n[:, None]
     argmax_n = argmax_n[:, None]
     max_n = max_n[:, None]

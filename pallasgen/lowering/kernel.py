@@ -222,15 +222,31 @@ def plan_kernel(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={param_default(p)}" for p in kernel.params]
         ),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
-        reference_sizes=tuple(
-            f"{public.sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
-            for d in checked.space.layout
-            if needs_sizes
-        ),
+        reference_sizes=_reference_sizes(public) if needs_sizes else (),
         reference_body=tuple(reference_body),
         backends=backends,
         params=", ".join(f"{p.name!r}: {jnp_dtype(p.dtype)}" for p in kernel.params),
     )
+
+
+def _reference_sizes(lowered: LoweredKernel) -> tuple[str, ...]:
+    """The lines that read the reference's dimension sizes, one per input they are read
+    from: `b, h, size_s, d = q.shape`, `m, k = x.shape[0], x.shape[2]`, or `n = x.shape[0]`."""
+    checked, values = lowered.checked, lowered.values
+    read: dict[str, dict[int, str]] = {}
+    for dim in checked.space.layout:
+        array, axis = checked.size_sources[dim]
+        read.setdefault(array, {})[axis] = lowered.sizes[dim]
+    ranks = {d.name: len(d.dims) for d in lowered.kernel.inputs}
+    lines = []
+    for array, names in read.items():
+        axes = sorted(names)
+        if len(axes) > 1 and axes == list(range(ranks[array])):
+            shape = f"{values[array]}.shape"
+        else:
+            shape = ", ".join(f"{values[array]}.shape[{axis}]" for axis in axes)
+        lines.append(f"{', '.join(names[axis] for axis in axes)} = {shape}")
+    return tuple(lines)
 
 
 def _docstring(kernel: ir.Kernel, public: Signature) -> tuple[str, ...]:
