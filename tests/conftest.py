@@ -9,8 +9,10 @@ CI runs them on its first jax line only, as no jax version can change what they 
 
 `--case-stride N` runs, of each parametrized test's cases, the first and every Nth after
 it (in collection order): CI's second jax line runs every test and every tier, and a share
-of each sweep of kernels, shapes and chips that its first line runs whole."""
+of each sweep of kernels, shapes and chips that its first line runs whole, and with
+`--fuzz-examples 30` 30 of each fuzz test's 150 examples (hypothesis, derandomized)."""
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -34,6 +36,21 @@ def pytest_addoption(parser):
         metavar="N",
         help="of each parametrized test's cases, run the first and every Nth after it (default 1: all)",
     )
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        metavar="N",
+        help="examples of each fuzz test (tests/test_fuzz.py; default: PALLASGEN_FUZZ_EXAMPLES, else 150)",
+    )
+
+
+def pytest_configure(config):
+    """`--fuzz-examples` sets PALLASGEN_FUZZ_EXAMPLES, which tests/test_fuzz.py reads on import."""
+    examples = config.getoption("fuzz_examples")
+    if examples is not None:
+        if examples < 1:
+            raise pytest.UsageError(f"--fuzz-examples must be 1 or more, not {examples}")
+        os.environ["PALLASGEN_FUZZ_EXAMPLES"] = str(examples)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
-"""`--case-stride N` (tests/conftest.py), which CI's second jax line runs with: of each
-parametrized test, the first case and every Nth after it; tests without cases all run."""
+"""The options CI's second jax line runs the suite with (tests/conftest.py): `--case-stride
+N`, of each parametrized test the first case and every Nth after it (tests without cases
+all run); `--fuzz-examples N`, the examples of each fuzz test."""
 
 from pathlib import Path
 
@@ -55,3 +56,18 @@ def test_a_stride_below_one_is_a_usage_error(pytester):
     result = pytester.runpytest("--case-stride", "0", "-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--case-stride must be 1 or more, not 0*"])
+
+
+def test_fuzz_examples_set_the_count_tests_fuzz_reads_on_import(pytester, monkeypatch):
+    monkeypatch.setenv("PALLASGEN_FUZZ_EXAMPLES", "150")  # restored after the in-process run sets it
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(
+        test_reads="""
+import os
+EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
+
+def test_count():
+    assert EXAMPLES == 30
+"""
+    )
+    assert pytester.runpytest("--fuzz-examples", "30", "-p", "no:xdist").ret == pytest.ExitCode.OK
