@@ -457,23 +457,12 @@ def attention(q, k, v, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
     o = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhst,bhdt->bhsd", jnp.squeeze(p, (3,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32
-            ),
-            (4,),
-        )
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhsd", p, v, preferred_element_type=jnp.float32), (4,))
         / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
     lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
@@ -934,20 +923,11 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32) - dlse
     ds = p * (dp - delta)
     ds_1 = jnp.where(
@@ -957,12 +937,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
         0,
     )
     dq = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsdt,bhsdt->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
         (4,),
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
@@ -1430,29 +1405,14 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
@@ -1461,12 +1421,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         0,
     )
     dk = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtds,bhtds->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
         (4,),
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
@@ -1887,28 +1842,16 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     dq = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhst,bhdt->bhsd",
-                jnp.squeeze((p * (dp - delta)).astype(jnp.bfloat16), (3,)),
-                jnp.squeeze(k, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhsdt,bhsdt->bhsd", (p * (dp - delta)).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -2366,36 +2309,18 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     st = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     pt = jnp.exp(st - lse)
     dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(pt.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhtds,bhtds->bhtd", pt.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dpt = jnp.expand_dims(
-        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dpt = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     dk = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhts,bhds->bhtd",
-                jnp.squeeze((pt * (dpt - delta)).astype(jnp.bfloat16), (3,)),
-                jnp.squeeze(q, (2,)),
-                preferred_element_type=jnp.float32,
+                "bhtds,bhtds->bhtd", (pt * (dpt - delta)).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -2741,26 +2666,15 @@ def attention_full(q, k, v, *, scale=0.125):
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     o = jnp.expand_dims(
         jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(
-                jax.nn.softmax(
-                    (
-                        jnp.expand_dims(
-                            jnp.einsum(
-                                "bhsd,bhdt->bhst",
-                                jnp.squeeze(q, (4,)),
-                                jnp.squeeze(k, (2,)),
-                                preferred_element_type=jnp.float32,
-                            ),
-                            (3,),
-                        )
-                        * scale
-                    ),
-                    axis=4,
+            "bhsdt,bhsdt->bhsd",
+            jax.nn.softmax(
+                (
+                    jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,))
+                    * scale
                 ),
-                (3,),
+                axis=4,
             ),
-            jnp.squeeze(v, (2,)),
+            v,
             preferred_element_type=jnp.float32,
         ),
         (4,),
@@ -3077,30 +2991,13 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale
-    )
+    s = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhsdt,bhsdt->bhsd", (ds * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
     delta = delta.reshape((b, h, size_s))
@@ -3436,38 +3333,15 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale
-    )
+    s = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     dk = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhtds,bhtds->bhtd", (ds * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
     dv = dv.reshape((b, h, t, d))
@@ -3916,23 +3790,11 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     o = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
-            jnp.squeeze(v, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhsdt,bhsdt->bhsd", jax.nn.softmax(s, axis=4), v, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, size_s, d))
     return o
@@ -4382,20 +4244,11 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhsd,bhdt->bhst", jnp.squeeze(q, (4,)), jnp.squeeze(k, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhsd,bhdt->bhst", jnp.squeeze(do, (4,)), jnp.squeeze(v, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     ds_1 = jnp.where(
@@ -4405,12 +4258,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
         0,
     )
     dq = jnp.expand_dims(
-        jnp.einsum(
-            "bhst,bhdt->bhsd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(k, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhsdt,bhsdt->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
         (4,),
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
@@ -4897,29 +4745,14 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(
-            jnp.einsum(
-                "bhtd,bhds->bhts", jnp.squeeze(k, (4,)), jnp.squeeze(q, (2,)), preferred_element_type=jnp.float32
-            ),
-            (3,),
-        )
-        * scale,
+        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(do, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(
-        jnp.einsum("bhtd,bhds->bhts", jnp.squeeze(v, (4,)), jnp.squeeze(do, (2,)), preferred_element_type=jnp.float32),
-        (3,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
@@ -4928,12 +4761,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
         0,
     )
     dk = jnp.expand_dims(
-        jnp.einsum(
-            "bhts,bhds->bhtd",
-            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
-            jnp.squeeze(q, (2,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bhtds,bhtds->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
         (4,),
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
@@ -5272,23 +5100,9 @@ def gqa(q, k, v):
     q = q[:, :, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
-            ),
-            (4,),
-        )
-        * 0.088388
-    )
+    s = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
     o = jnp.expand_dims(
-        jnp.einsum(
-            "bgrst,bgdt->bgrsd",
-            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
-            jnp.squeeze(v, (2, 3)),
-            preferred_element_type=jnp.float32,
-        ),
-        (5,),
+        jnp.einsum("bgrsdt,bgrsdt->bgrsd", jax.nn.softmax(s, axis=5), v, preferred_element_type=jnp.float32), (5,)
     ).astype(jnp.bfloat16)
     o = o.reshape((b, g, r, size_s, d))
     return o
@@ -5607,31 +5421,13 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     o = o[:, :, :, :, :, None]
     do = do[:, :, :, :, :, None]
     lse = lse[:, :, :, :, None, None]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bgrsd,bgdt->bgrst", jnp.squeeze(q, (5,)), jnp.squeeze(k, (2, 3)), preferred_element_type=jnp.float32
-            ),
-            (4,),
-        )
-        * 0.088388
-    )
+    s = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bgrsd,bgdt->bgrst", jnp.squeeze(do, (5,)), jnp.squeeze(v, (2, 3)), preferred_element_type=jnp.float32
-        ),
-        (4,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", do, v, preferred_element_type=jnp.float32), (4,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
-        jnp.einsum(
-            "bgrst,bgdt->bgrsd",
-            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(k, (2, 3)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bgrsdt,bgrsdt->bgrsd", (ds * 0.088388).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
         (5,),
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, g, r, size_s, d))
@@ -5969,39 +5765,15 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     do = jnp.transpose(do, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
     lse = lse[:, :, :, None, None, :]
     delta = delta[:, :, :, None, None, :]
-    s = (
-        jnp.expand_dims(
-            jnp.einsum(
-                "bgtd,bgrds->bgrts", jnp.squeeze(k, (2, 5)), jnp.squeeze(q, (3,)), preferred_element_type=jnp.float32
-            ),
-            (4,),
-        )
-        * 0.088388
-    )
+    s = jnp.expand_dims(jnp.einsum("bgrtds,bgrtds->bgrts", k, q, preferred_element_type=jnp.float32), (4,)) * 0.088388
     p = jnp.exp(s - lse)
     dv_r = jnp.expand_dims(
-        jnp.einsum(
-            "bgrts,bgrds->bgrtd",
-            jnp.squeeze(p.astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(do, (3,)),
-            preferred_element_type=jnp.float32,
-        ),
-        (5,),
+        jnp.einsum("bgrtds,bgrtds->bgrtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (5,)
     )
-    dp = jnp.expand_dims(
-        jnp.einsum(
-            "bgtd,bgrds->bgrts", jnp.squeeze(v, (2, 5)), jnp.squeeze(do, (3,)), preferred_element_type=jnp.float32
-        ),
-        (4,),
-    )
+    dp = jnp.expand_dims(jnp.einsum("bgrtds,bgrtds->bgrts", v, do, preferred_element_type=jnp.float32), (4,))
     ds = p * (dp - delta)
     dk_r = jnp.expand_dims(
-        jnp.einsum(
-            "bgrts,bgrds->bgrtd",
-            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
-            jnp.squeeze(q, (3,)),
-            preferred_element_type=jnp.float32,
-        ),
+        jnp.einsum("bgrtds,bgrtds->bgrtd", (ds * 0.088388).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
         (5,),
     )
     dk_r = dk_r.reshape((b, g, r, t, d))
@@ -6497,11 +6269,7 @@ def matmul_softmax(x, w):
     x = x[:, None, :]
     w = jnp.transpose(w, (1, 0))[None, :, :]
     y = jax.nn.softmax(
-        jnp.expand_dims(
-            jnp.einsum("mk,nk->mn", jnp.squeeze(x, (1,)), jnp.squeeze(w, (0,)), preferred_element_type=jnp.float32),
-            (2,),
-        ),
-        axis=1,
+        jnp.expand_dims(jnp.einsum("mnk,mnk->mn", x, w, preferred_element_type=jnp.float32), (2,)), axis=1
     )
     y = y.reshape((m, n))
     return y
@@ -7319,14 +7087,11 @@ def rmsnorm_matmul(x, g, w):
     h = x.astype(jnp.float32)
     y = jnp.expand_dims(
         jnp.einsum(
-            "mk,nk->mn",
-            jnp.squeeze(
-                (h * jax.lax.rsqrt(jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06) * g).astype(
-                    jnp.bfloat16
-                ),
-                (1,),
+            "mnk,mnk->mn",
+            (h * jax.lax.rsqrt(jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06) * g).astype(
+                jnp.bfloat16
             ),
-            jnp.squeeze(w, (0,)),
+            w,
             preferred_element_type=jnp.float32,
         ),
         (2,),

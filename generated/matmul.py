@@ -1061,9 +1061,7 @@ def matmul_relu_backward_x(acc, dz, y):
     dz = dz[:, None, :]
     y = y[None, :, :]
     dacc = jnp.where(acc > 0, dz, 0)
-    dx = jnp.expand_dims(
-        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
-    )
+    dx = jnp.expand_dims(jnp.einsum("mkn,mkn->mk", dacc, y, preferred_element_type=jnp.float32), (2,))
     dx = dx.reshape((m, k))
     return dx
 
@@ -1316,9 +1314,7 @@ def matmul_relu_backward_y(acc, dz, x):
     dz = jnp.transpose(dz, (1, 0))[None, :, :]
     x = jnp.transpose(x, (1, 0))[:, None, :]
     dacc = jnp.where(acc > 0, dz, 0)
-    dy = jnp.expand_dims(
-        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
-    )
+    dy = jnp.expand_dims(jnp.einsum("knm,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,))
     dy = dy.reshape((k, n))
     return dy
 
@@ -1858,9 +1854,9 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(
-        jnp.einsum("mn,kn->mk", jnp.squeeze(dacc, (1,)), jnp.squeeze(y, (0,)), preferred_element_type=jnp.float32), (2,)
-    ).astype(jnp.bfloat16)
+    dx = jnp.expand_dims(jnp.einsum("mkn,mkn->mk", dacc, y, preferred_element_type=jnp.float32), (2,)).astype(
+        jnp.bfloat16
+    )
     dx = dx.reshape((m, k))
     return dx
 
@@ -2248,9 +2244,9 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(
-        jnp.einsum("km,nm->kn", jnp.squeeze(x, (1,)), jnp.squeeze(dacc, (0,)), preferred_element_type=jnp.float32), (2,)
-    ).astype(jnp.bfloat16)
+    dy = jnp.expand_dims(jnp.einsum("knm,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,)).astype(
+        jnp.bfloat16
+    )
     dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
     dy = dy.reshape((k, n))
     dbias = dbias.reshape((n,))
@@ -2872,10 +2868,9 @@ def batched_matmul_backward_x(dz, y):
     dz = dz[:, :, None, :]
     y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(
-        jnp.einsum("bmn,bkn->bmk", jnp.squeeze(dacc, (2,)), jnp.squeeze(y, (1,)), preferred_element_type=jnp.float32),
-        (3,),
-    ).astype(jnp.bfloat16)
+    dx = jnp.expand_dims(jnp.einsum("bmkn,bmkn->bmk", dacc, y, preferred_element_type=jnp.float32), (3,)).astype(
+        jnp.bfloat16
+    )
     dx = dx.reshape((b, m, k))
     return dx
 
@@ -3122,10 +3117,9 @@ def batched_matmul_backward_y(dz, x):
     dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
     x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
     dacc = dz.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(
-        jnp.einsum("bkm,bnm->bkn", jnp.squeeze(x, (2,)), jnp.squeeze(dacc, (1,)), preferred_element_type=jnp.float32),
-        (3,),
-    ).astype(jnp.bfloat16)
+    dy = jnp.expand_dims(jnp.einsum("bknm,bknm->bkn", x, dacc, preferred_element_type=jnp.float32), (3,)).astype(
+        jnp.bfloat16
+    )
     dy = dy.reshape((b, k, n))
     return dy
 

@@ -286,20 +286,17 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
 
 def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
     """Each product of a fused kernel in the reference, as the emitter's override: an
-    einsum of its operands without their size-1 axes, the result laid out again."""
+    einsum of its operands as laid out (jnp.einsum broadcasts their size-1 axes), the
+    result laid out again."""
     checked = lowered.checked
     layout = checked.space.layout
     letters = _einsum_letters(list(layout))
+    every = "".join(letters[d] for d in layout)
     products = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
     for node in reversed(products):  # inner products first
         product = checked.fused.products[node]
-        parts, specs = [], []
-        for value in (product.lhs, product.rhs):
-            dims = checked.types[value].dims
-            absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
-            code = emitter.emit(value)
-            parts.append(f"jnp.squeeze({code}, {absent})" if absent != "()" else code)
-            specs.append("".join(letters[d] for d in layout if d in dims))
+        parts = [emitter.emit(value) for value in (product.lhs, product.rhs)]
+        specs = [every, every]
         dims = checked.types[node].dims
         out = "".join(letters[d] for d in layout if d in dims)
         absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
