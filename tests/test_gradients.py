@@ -422,6 +422,23 @@ def test_a_kernel_whose_backward_kernels_are_not_generated_yet_says_so(tmp_path)
     )  # and nothing of a `grad none` the spec does not have
 
 
+BESIDE_AN_OPERAND = (
+    "kernel two {\n    in  x: bf16[M, K]\n    in  y: bf16[K, N]\n    out z: f32[M, N]\n    out r: f32[M]\n"
+    "    z = x @ y\n    r = sum(f32(x), K)\n    block M = 128, N = 128, K = 128\n}\n"
+)
+
+
+def test_an_output_read_from_a_products_operand_is_named_as_the_spec_writes_it(tmp_path):
+    """Not "an epilogue that fails a check (unknown name 'x')": what the spec has."""
+    module = load(tmp_path, "two", BESIDE_AN_OPERAND)
+    with pytest.raises(NotImplementedError) as raised:
+        module._two_vjp((), ())
+    assert str(raised.value) == (
+        "two (specs/two.pallas) is not differentiable: its spec has an output that reads the product's operand x"
+        " beside the product, for which pallasgen generates no backward kernels yet"
+    )
+
+
 def test_without_grad_none_the_same_kernel_is_differentiable(tmp_path):
     module = load(tmp_path, "double", GRAD_NONE.replace("    grad none\n", ""))
     np.testing.assert_array_equal(jax.grad(lambda x: module.double(x).sum())(jnp.arange(3.0)), [2.0, 2.0, 2.0])

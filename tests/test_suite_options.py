@@ -61,13 +61,11 @@ def test_a_stride_below_one_is_a_usage_error(pytester):
 def test_fuzz_examples_set_the_count_tests_fuzz_reads_on_import(pytester, monkeypatch):
     monkeypatch.setenv("PALLASGEN_FUZZ_EXAMPLES", "150")  # restored after the in-process run sets it
     pytester.makeconftest(CONFTEST.read_text())
-    pytester.makepyfile(
-        test_reads="""
+    pytester.makepyfile(test_reads="""
 import os
 EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
 
 def test_count():
     assert EXAMPLES == 30
-"""
-    )
+""")
     assert pytester.runpytest("--fuzz-examples", "30", "-p", "no:xdist").ret == pytest.ExitCode.OK

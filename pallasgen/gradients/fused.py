@@ -183,6 +183,11 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
         return f"a product that fails a check on its own ({problems[0].message})"
     acc = namer.claim_spec("acc")
     epilogue, problems = check_kernel(product_gradients._epilogue(kernel, product, acc))
+    operands = [
+        o.name for o in product.operands if any(p.message.startswith(f"unknown name '{o.name}'") for p in problems)
+    ]
+    if operands:  # the epilogue holds the product's result, not its operands
+        return f"an output that reads the product's operand {operands[0]} beside the product"
     if problems:
         return f"an epilogue that fails a check ({problems[0].message})"
     if epilogue.product is not None or epilogue.fused is not None:
