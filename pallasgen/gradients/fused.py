@@ -182,12 +182,12 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     if product is None:
         return f"a product that fails a check on its own ({problems[0].message})"
     acc = namer.claim_spec("acc")
-    epilogue, problems = check_kernel(product_gradients._epilogue(kernel, product, acc))
-    operands = [
-        o.name for o in product.operands if any(p.message.startswith(f"unknown name '{o.name}'") for p in problems)
-    ]
-    if operands:  # the epilogue holds the product's result, not its operands
+    epilogue_kernel = product_gradients._epilogue(kernel, product, acc)
+    read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
+    operands = [o.name for o in product.operands if o.name in read]
+    if operands:  # the epilogue takes the product's result, not its operands
         return f"an output that reads the product's operand {operands[0]} beside the product"
+    epilogue, problems = check_kernel(epilogue_kernel)
     if problems:
         return f"an epilogue that fails a check ({problems[0].message})"
     if epilogue.product is not None or epilogue.fused is not None:

@@ -479,9 +479,8 @@ def with_arrays(reference, inputs, outputs):
     "x: f32[N] as [1, N]" reads "x: f32[N]": the spec's declaration, not the kernels' layout."""
     lines = inspect.cleandoc(reference.__doc__ or "").splitlines()
     names = list(inspect.signature(reference).parameters)
-    declared = [array.split(" as ")[0] for array in inputs]
-    args = [f"  {name}{array[array.index(':'):]}." for name, array in zip(names, declared)]
-    returns = "; ".join(array.split(" as ")[0] for array in outputs)
+    args = [f"  {name}: {_declaration(array)[1]}." for name, array in zip(names, inputs)]
+    returns = "; ".join(f"{name}: {declared}" for name, declared, _ in map(_declaration, outputs))
     sections = ["Args:", *args, "", "Returns:", f"  {returns}.", ""]
     first = next((i for i, line in enumerate(lines) if line == "Keywords:" or line.startswith("Gradients:")), None)
     if first is None:
@@ -512,13 +511,19 @@ def declared_arrays(declared):
 
     arrays = {}
     for array in declared:
-        name, _, rest = array.partition(": ")
-        dtype, _, rest = rest.partition("[")
-        own, _, layout = rest.partition("]")
+        name, own, layout = _declaration(array)
+        dtype, _, own = own.removesuffix("]").partition("[")
         arrays[name] = (SPEC_DTYPES[dtype], dims(own))
         if layout:
-            arrays[name] += (dims(layout.removeprefix(" as [").removesuffix("]")),)
+            arrays[name] += (dims(layout.removeprefix("[").removesuffix("]")),)
     return arrays
+
+
+def _declaration(array):
+    """"bias: f32[N] as [1, N]" -> ("bias", "f32[N]", "[1, N]"); the layout "" where none."""
+    name, _, rest = array.partition(": ")
+    own, _, layout = rest.partition(" as ")
+    return name, own, layout
 
 
 class Kernel:
