@@ -11,9 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -82,7 +83,6 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -143,13 +143,10 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     return y[:m, :n], mask[:m, :n]
 
 
-def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
-    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels leaky_backward. The forward pass saves its inputs (x) and nothing else: the backward kernels
-    recompute the values they need (pos) from them.
+def _leaky_vjp(x, dy, dmask, *, slope, gpu_backend, interpret):
+    """`leaky`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and nothing else, from which
+    the backward kernels recompute the values they need (pos).
     """
-    (x,) = saved
-    dy, _ = cotangents
     dx = leaky_backward(x, dy, slope=slope, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -230,7 +227,6 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -360,7 +356,6 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -421,13 +416,10 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     return y[:m, :n]
 
 
-def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels bias_gelu_backward, bias_gelu_backward_over_m, bias_gelu_backward_over_n. The forward pass saves its
-    inputs (x, bias, scale) and nothing else: the backward kernels recompute the values they need from them.
+def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
+    """`bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, bias, scale) and nothing
+    else, from which the backward kernels recompute the values they need.
     """
-    x, bias, scale = saved
-    dy = cotangents
     dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     dbias = bias_gelu_backward_over_m(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     dscale = bias_gelu_backward_over_n(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
@@ -527,7 +519,6 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -641,9 +632,7 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
     dy_1 = dy.astype(jnp.float32) * (
         0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    sum_m_block = dy_1
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -712,9 +701,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -725,7 +712,6 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
     rt.store(dbias_ref, sum_m, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -770,9 +756,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -860,9 +844,7 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
     dy_1 = dy.astype(jnp.float32) * (
         0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    sum_n_block = dy_1 * y_1
-    if n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = rt.fill_past(sum_n_block, step * block_n, n, 1, 0.0)
+    sum_n_block = rt.fill_past(dy_1 * y_1, step * block_n, n, 1, 0.0, ragged=n % block_n)
     sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -931,9 +913,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_n_block = dy_1 * y_1
-        if n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = rt.fill_past(sum_n_block, start, n, 1, 0.0)
+        sum_n_block = rt.fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
         return (sum_n_running,)
 
@@ -944,7 +924,6 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
     rt.store(dscale_ref, sum_n, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -989,9 +968,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_n_block = dy_1 * y_1
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1115,7 +1092,6 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1174,7 +1150,7 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
     return q[:m, :n]
 
 
-def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
     """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
     no float input reaches a float output.
     """

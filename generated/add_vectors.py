@@ -11,9 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -79,7 +80,6 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     rt.store(z_ref, x + y, inside)
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -131,12 +131,10 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     return z[:n]
 
 
-def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels add_vectors_backward. The forward pass saves its inputs (x, y) and nothing else: the backward
-    kernels recompute the values they need from them.
+def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
+    """`add_vectors`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    dz = cotangents
     dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
@@ -208,7 +206,6 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     rt.store(dy_ref, dz, inside)
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 

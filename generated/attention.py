@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -77,26 +78,19 @@ def _attention_kernel(
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         p = jnp.exp(s - max_t_shift)
-        acc_t_lhs = p
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
-        sum_exp_t_block = p
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
     def _add(strips):
@@ -235,24 +229,17 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
                 jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
             max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
-            acc_t_lhs = p
-            acc_t_rhs = v.astype(jnp.float32)
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
+            acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
             acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-            sum_exp_t_block = p
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             return max_t, acc_t, sum_exp_t
 
@@ -273,7 +260,6 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -341,9 +327,7 @@ def _attention_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
@@ -351,15 +335,11 @@ def _attention_mosaic_gpu_kernel(
             max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
-            operand = p
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            operand = rt.mgpu_fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
                 (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
             )
-            sum_exp_t_block = p
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             return max_t, acc_t, sum_exp_t
 
@@ -414,13 +394,10 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
-def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels attention_backward_dq, attention_backward_dkdv. The forward pass saves its inputs (q, k, v) and its
-    outputs o, lse (read, not recomputed): the backward kernels recompute the values they need (s, p) from them.
+def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
+    """`attention`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v) and its outputs o,
+    lse, from which the backward kernels recompute the values they need (s, p).
     """
-    q, k, v, o, lse = saved
-    do, dlse = cotangents
     dq, delta = attention_backward_dq(
         q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
@@ -524,11 +501,8 @@ def _attention_backward_dq_kernel(
             ds,
             0,
         )
-        acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_t_rhs = k
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -694,11 +668,8 @@ def _attention_backward_dq_gpu_kernel(
                 ds,
                 0,
             )
-            acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_t_rhs = k
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -717,7 +688,6 @@ def _attention_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -820,9 +790,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
                 ds,
                 0,
             )
-            operand = (ds_1 * scale).astype(jnp.bfloat16)
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
@@ -999,17 +967,11 @@ def _attention_backward_dkdv_kernel(
             ds,
             0,
         )
-        acc_s_lhs = p.astype(jnp.bfloat16)
-        acc_s_rhs = do
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_s_2_rhs = q
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -1178,17 +1140,13 @@ def _attention_backward_dkdv_gpu_kernel(
                 ds,
                 0,
             )
-            acc_s_lhs = p.astype(jnp.bfloat16)
-            acc_s_rhs = do
-            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+            acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_s_2_rhs = q
-            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(
+                (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
+            )
+            acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
             acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
@@ -1205,7 +1163,6 @@ def _attention_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1294,13 +1251,11 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
                 ds,
                 0,
             )
-            operand = p.astype(jnp.bfloat16)
-            if size_s % block_s:  # a ragged S: 0 past its end
-                operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+            operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
             acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-            operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
-            if size_s % block_s:  # a ragged S: 0 past its end
-                operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            operand_2 = rt.mgpu_fill_past(
+                (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
+            )
             acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
@@ -1473,11 +1428,8 @@ def _attention_dq_kernel(
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
-        acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
-        acc_t_rhs = k
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -1627,11 +1579,8 @@ def _attention_dq_gpu_kernel(
             delta = jnp.sum(
                 rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
             )
-            acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
-            acc_t_rhs = k
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -1646,7 +1595,6 @@ def _attention_dq_gpu_kernel(
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -1734,9 +1682,14 @@ def _attention_dq_mosaic_gpu_kernel(
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-            operand = (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16)
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            operand = rt.mgpu_fill_past(
+                (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16),
+                t_start,
+                t,
+                1,
+                0,
+                ragged=t % block_t,
+            )
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
@@ -1795,7 +1748,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
-def _attention_dq_vjp(saved, cotangents):
+def _attention_dq_vjp(*saved_and_cotangents):
     """`attention_dq` has no backward pass: its spec says `grad none`."""
     raise TypeError(
         "attention_dq is not differentiable: its spec turns gradients off (`grad none` at " "specs/attention.pallas:32)"
@@ -1909,17 +1862,11 @@ def _attention_dkdv_kernel(
         )
         pt = jnp.exp(st - lse)
         dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        acc_s_lhs = pt.astype(jnp.bfloat16)
-        acc_s_rhs = do
-        if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, s, 1, 0)
-            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, s, 0, 0)
+        acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
+        acc_s_rhs = rt.fill_past(do, s_start, s, 0, 0, ragged=s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
-        acc_s_2_rhs = q
-        if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
-            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+        acc_s_2_lhs = rt.fill_past((pt * (dpt - delta)).astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
+        acc_s_2_rhs = rt.fill_past(q, s_start, s, 0, 0, ragged=s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -2081,17 +2028,11 @@ def _attention_dkdv_gpu_kernel(
             )
             pt = jnp.exp(st - lse)
             dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            acc_s_lhs = pt.astype(jnp.bfloat16)
-            acc_s_rhs = do
-            if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, s, 1, 0)
-                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, s, 0, 0)
+            acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
+            acc_s_rhs = rt.fill_past(do, s_start, s, 0, 0, ragged=s % block_s)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
-            acc_s_2_rhs = q
-            if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
-                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+            acc_s_2_lhs = rt.fill_past((pt * (dpt - delta)).astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
+            acc_s_2_rhs = rt.fill_past(q, s_start, s, 0, 0, ragged=s % block_s)
             acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
@@ -2108,7 +2049,6 @@ def _attention_dkdv_gpu_kernel(
     rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2190,13 +2130,16 @@ def _attention_dkdv_mosaic_gpu_kernel(
             )
             pt = jnp.exp(st - rt.mgpu_spread(lse, (block_t, block_s), 1))
             dpt = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
-            operand = pt.astype(jnp.bfloat16)
-            if s % block_s:  # a ragged S: 0 past its end
-                operand = rt.mgpu_fill_past(operand, s_start, s, 1, 0)
+            operand = rt.mgpu_fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
             acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-            operand_2 = (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(jnp.bfloat16)
-            if s % block_s:  # a ragged S: 0 past its end
-                operand_2 = rt.mgpu_fill_past(operand_2, s_start, s, 1, 0)
+            operand_2 = rt.mgpu_fill_past(
+                (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(jnp.bfloat16),
+                s_start,
+                s,
+                1,
+                0,
+                ragged=s % block_s,
+            )
             acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
@@ -2264,7 +2207,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-def _attention_dkdv_vjp(saved, cotangents):
+def _attention_dkdv_vjp(*saved_and_cotangents):
     """`attention_dkdv` has no backward pass: its spec says `grad none`."""
     raise TypeError(
         "attention_dkdv is not differentiable: its spec turns gradients off (`grad none` at "
@@ -2347,24 +2290,17 @@ def _attention_full_kernel(
     k = k_ref[...]
     v = v_ref[...]
     logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-    max_t_block = logits
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_block = rt.fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2449,24 +2385,17 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        max_t_block = logits
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
         acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
@@ -2486,7 +2415,6 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2550,9 +2478,7 @@ def _attention_full_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
         logits = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        max_t_block = logits
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.mgpu_fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
@@ -2560,13 +2486,9 @@ def _attention_full_mosaic_gpu_kernel(
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
@@ -2620,14 +2542,10 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
     return o[:b, :h, :s, :d].reshape((b, h, s, d)), (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
 
 
-def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels attention_full_backward_dq, attention_full_backward_dkdv. The forward pass saves its inputs
-    (q, k, v), its outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
-    recompute than to save): the backward kernels recompute the values they need from them.
+def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
+    """`attention_full`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its outputs o
+    and the residuals lse, from which the backward kernels recompute the values they need.
     """
-    q, k, v, o, lse = saved
-    do = cotangents
     dq, delta = attention_full_backward_dq(
         q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
@@ -2704,11 +2622,8 @@ def _attention_full_backward_dq_kernel(
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
-    acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
-    acc_t_rhs = k
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2798,11 +2713,8 @@ def _attention_full_backward_dq_gpu_kernel(
             rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
         )
         ds = p * (dp - delta)
-        acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
-        acc_t_rhs = k
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
@@ -2814,7 +2726,6 @@ def _attention_full_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -2898,9 +2809,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
-        operand = (ds * scale).astype(jnp.bfloat16)
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        operand = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
         return (acc_t,)
 
@@ -3025,17 +2934,11 @@ def _attention_full_backward_dkdv_kernel(
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
-    acc_s_lhs = p.astype(jnp.bfloat16)
-    acc_s_rhs = do
-    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-        acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-    acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
-    acc_s_2_rhs = q
-    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-        acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+    acc_s_2_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -3125,17 +3028,11 @@ def _attention_full_backward_dkdv_gpu_kernel(
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
-        acc_s_lhs = p.astype(jnp.bfloat16)
-        acc_s_rhs = do
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
-        acc_s_2_rhs = q
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
@@ -3149,7 +3046,6 @@ def _attention_full_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3227,13 +3123,9 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
-        operand = p.astype(jnp.bfloat16)
-        if size_s % block_s:  # a ragged S: 0 past its end
-            operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+        operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
         acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-        operand_2 = (ds * scale).astype(jnp.bfloat16)
-        if size_s % block_s:  # a ragged S: 0 past its end
-            operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        operand_2 = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
         acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
@@ -3388,24 +3280,17 @@ def _attention_bottom_right_kernel(
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -3554,24 +3439,17 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s
                 jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
                 -jnp.inf,
             )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
             max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-            acc_t_lhs = sum_exp_t_terms
-            acc_t_rhs = v.astype(jnp.float32)
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+            acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
             acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return max_t, sum_exp_t, acc_t
 
@@ -3594,7 +3472,6 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -3665,9 +3542,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            max_t_block = s
-            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
@@ -3675,13 +3550,9 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
-            sum_exp_t_block = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-            operand = sum_exp_t_terms
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
                 (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
             )
@@ -3742,15 +3613,10 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
     )
 
 
-def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv. The
-    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the residuals lse (forward
-    values that cost more to recompute than to save): the backward kernels recompute the values they need (s)
-    from them.
+def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
+    """`attention_bottom_right`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its
+    outputs o and the residuals lse, from which the backward kernels recompute the values they need (s).
     """
-    q, k, v, o, lse = saved
-    do = cotangents
     dq, delta = attention_bottom_right_backward_dq(
         q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
@@ -3852,11 +3718,8 @@ def _attention_bottom_right_backward_dq_kernel(
             ds,
             0,
         )
-        acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_t_rhs = k
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -4020,11 +3883,8 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
                 ds,
                 0,
             )
-            acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_t_rhs = k
-            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -4039,7 +3899,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, H, D).
 _attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4139,9 +3998,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
                 ds,
                 0,
             )
-            operand = (ds_1 * scale).astype(jnp.bfloat16)
-            if t % block_t:  # a ragged T: 0 past its end
-                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
             return (acc_t,)
 
@@ -4321,17 +4178,11 @@ def _attention_bottom_right_backward_dkdv_kernel(
             ds,
             0,
         )
-        acc_s_lhs = p.astype(jnp.bfloat16)
-        acc_s_rhs = do
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_s_2_rhs = q
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     def _add(strips):
@@ -4507,17 +4358,13 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
                 ds,
                 0,
             )
-            acc_s_lhs = p.astype(jnp.bfloat16)
-            acc_s_rhs = do
-            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+            acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_s_2_rhs = q
-            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(
+                (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
+            )
+            acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
             acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
@@ -4534,7 +4381,6 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, H, D).
 _attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4628,13 +4474,11 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
                 ds,
                 0,
             )
-            operand = p.astype(jnp.bfloat16)
-            if size_s % block_s:  # a ragged S: 0 past its end
-                operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+            operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
             acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-            operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
-            if size_s % block_s:  # a ragged S: 0 past its end
-                operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            operand_2 = rt.mgpu_fill_past(
+                (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
+            )
             acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
             return acc_s, acc_s_2
 
@@ -4783,24 +4627,17 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
     k = k_ref[...]
     v = v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
-    max_t_block = s
-    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
-    sum_exp_t_block = sum_exp_t_terms
-    if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = sum_exp_t_terms
-    acc_t_rhs = v.astype(jnp.float32)
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -4887,24 +4724,17 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = sum_exp_t_terms
-        acc_t_rhs = v.astype(jnp.float32)
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
         acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
@@ -4924,7 +4754,6 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -4989,9 +4818,7 @@ def _gqa_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
-        max_t_block = s
-        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.mgpu_fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
@@ -4999,13 +4826,9 @@ def _gqa_mosaic_gpu_kernel(
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = sum_exp_t_terms
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
         )
@@ -5061,14 +4884,10 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     )
 
 
-def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the generated backward kernels
-    gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The forward pass saves its inputs (q, k, v), its
-    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to recompute than to
-    save): the backward kernels recompute the values they need (s) from them.
+def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
+    """`gqa`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its outputs o and the
+    residuals lse, from which the backward kernels recompute the values they need (s).
     """
-    q, k, v, o, lse = saved
-    do = cotangents
     dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
     dk_r, dv_r = gqa_backward_dkdv(q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret)
     dk, dv = gqa_backward_over_r(dk_r, dv_r, gpu_backend=gpu_backend, interpret=interpret)
@@ -5127,11 +4946,8 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
-    acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
-    acc_t_rhs = k
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -5226,11 +5042,8 @@ def _gqa_backward_dq_gpu_kernel(
             rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
         )
         ds = p * (dp - delta)
-        acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
-        acc_t_rhs = k
-        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
@@ -5242,7 +5055,6 @@ def _gqa_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-# Triton's block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, B, G, R, D).
 _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5331,9 +5143,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
-        operand = (ds * 0.088388).astype(jnp.bfloat16)
-        if t % block_t:  # a ragged T: 0 past its end
-            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        operand = rt.mgpu_fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
         return (acc_t,)
 
@@ -5456,17 +5266,11 @@ def _gqa_backward_dkdv_kernel(
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
-    acc_s_lhs = p.astype(jnp.bfloat16)
-    acc_s_rhs = do
-    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-        acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-    acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
-    acc_s_2_rhs = q
-    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-        acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+    acc_s_2_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -5559,17 +5363,11 @@ def _gqa_backward_dkdv_gpu_kernel(
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
-        acc_s_lhs = p.astype(jnp.bfloat16)
-        acc_s_rhs = do
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
-        acc_s_2_rhs = q
-        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
@@ -5583,7 +5381,6 @@ def _gqa_backward_dkdv_gpu_kernel(
     rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-# Triton's block_t, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, S, B, G, R, D).
 _gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -5664,13 +5461,11 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
-        operand = p.astype(jnp.bfloat16)
-        if size_s % block_s:  # a ragged S: 0 past its end
-            operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+        operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
         acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-        operand_2 = (ds * 0.088388).astype(jnp.bfloat16)
-        if size_s % block_s:  # a ragged S: 0 past its end
-            operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        operand_2 = rt.mgpu_fill_past(
+            (ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
+        )
         acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
@@ -5855,8 +5650,6 @@ def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g,
     rt.store(dv_ref, jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_b, block_g, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, G,
-# T, D, R).
 _gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, None, 1)}
 
 
@@ -5986,11 +5779,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     w = w_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = w
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
+    acc_k_lhs = rt.fill_past(x, k_start, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(w, k_start, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -6051,11 +5841,8 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
         (acc_k,) = running
         x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
         w = rt.load(w_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
-        acc_k_lhs = x
-        acc_k_rhs = w
-        if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-            acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
-            acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
+        acc_k_lhs = rt.fill_past(x, k_start, k, 1, 0, ragged=k % block_k)
+        acc_k_rhs = rt.fill_past(w, k_start, k, 0, 0, ragged=k % block_k)
         acc_k = acc_k + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
         return (acc_k,)
 
@@ -6063,7 +5850,6 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -6115,7 +5901,6 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -6150,9 +5935,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         (max_n_running,) = carry
         start = indices[0] * block_n
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        max_n_block = acc
-        if n % block_n:  # a ragged N: its identity past the end
-            max_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf)
+        max_n_block = rt.mgpu_fill_past(acc, start, n, 1, -jnp.inf, ragged=n % block_n)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
@@ -6169,9 +5952,9 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         (sum_n_running,) = carry
         start = indices[0] * block_n
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        sum_n_block = jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(
+            jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)), start, n, 1, 0.0, ragged=n % block_n
+        )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -6231,14 +6014,10 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels matmul_softmax_backward, matmul_softmax_backward_x, matmul_softmax_backward_w. The forward
-    pass saves its inputs (x, w) and its outputs y (read, not recomputed): the backward kernels recompute the
-    values they need from them.
+def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
+    """`matmul_softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w) and its outputs y,
+    from which the backward kernels recompute the values they need.
     """
-    x, w, y = saved
-    dy = cotangents
     dacc = matmul_softmax_backward(y, dy, gpu_backend=gpu_backend, interpret=interpret)
     dx = matmul_softmax_backward_x(dacc, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = matmul_softmax_backward_w(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
@@ -6327,7 +6106,6 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     )
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _matmul_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -6363,9 +6141,7 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buf
         start = indices[0] * block_n
         y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        sum_n_block = dy * y
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(dy * y, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -6443,11 +6219,10 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
 
     dacc = dacc_ref[...]
     w = w_ref[...]
-    acc_n_lhs = dacc
-    acc_n_rhs = w
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
+    acc_n_lhs = (
+        rt.fill_past(dacc.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dacc
+    )
+    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else w
     acc_n_ref[...] = acc_n_ref[...] + (
         jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
@@ -6519,7 +6294,6 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -6569,7 +6343,6 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -6617,7 +6390,8 @@ def matmul_softmax_backward_x(dacc, w):
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_softmax_backward_x_tpu_blocks chooses; the spec's:
         128, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_softmax_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -6633,11 +6407,10 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
 
     x = x_ref[...]
     dacc = dacc_ref[...]
-    acc_m_lhs = x
-    acc_m_rhs = dacc
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+    acc_m_lhs = rt.fill_past(x.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else x
+    acc_m_rhs = (
+        rt.fill_past(dacc.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dacc
+    )
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -6707,7 +6480,6 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -6757,7 +6529,6 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -6804,7 +6575,8 @@ def matmul_softmax_backward_w(x, dacc):
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_softmax_backward_w_tpu_blocks chooses; the spec's:
         512, 512, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_softmax_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -6888,7 +6660,6 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     )
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 
@@ -6923,9 +6694,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers
         start = indices[0] * block_k
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
-        mean_k_block = h * h
-        if k % block_k:  # a ragged K: its identity past the end
-            mean_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0)
+        mean_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
         mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
         return (mean_k_running,)
 
@@ -7008,7 +6777,6 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -7044,14 +6812,10 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w,
-    rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w)
-    and nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from them.
+def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
+    """`rmsnorm_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, g, w) and nothing
+    else, from which the backward kernels recompute the values they need (h, lhs, mean_k).
     """
-    x, g, w = saved
-    dy = cotangents
     lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
     dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = rmsnorm_matmul_backward_w(lhs, dy, gpu_backend=gpu_backend, interpret=interpret)
@@ -7162,7 +6926,6 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_gpu_options = {None: (1, None, 1)}
 
 
@@ -7206,9 +6969,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         start = indices[0] * block_k
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_k_block = h * h
-        if k % block_k:  # a ragged K: its identity past the end
-            mean_over_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0)
+        mean_over_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
         mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
         return (mean_over_k_running,)
 
@@ -7304,11 +7065,10 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
 
     dy = dy_ref[...]
     w = w_ref[...]
-    acc_n_lhs = dy
-    acc_n_rhs = w
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
+    acc_n_lhs = (
+        rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
+    )
+    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else w
     acc_n_ref[...] = acc_n_ref[...] + (
         jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
@@ -7380,7 +7140,6 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n,
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7430,7 +7189,6 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -7478,7 +7236,8 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _rmsnorm_matmul_backward_lhs_tpu_blocks chooses; the
         spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
     dlhs = acc.astype(jnp.bfloat16)
@@ -7494,11 +7253,12 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
 
     lhs = lhs_ref[...]
     dy = dy_ref[...]
-    acc_m_lhs = lhs
-    acc_m_rhs = dy
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+    acc_m_lhs = (
+        rt.fill_past(lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else lhs
+    )
+    acc_m_rhs = (
+        rt.fill_past(dy.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dy
+    )
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -7568,7 +7328,6 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -7618,7 +7377,6 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -7665,7 +7423,8 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _rmsnorm_matmul_backward_w_tpu_blocks chooses; the spec's:
         512, 512, 256).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _rmsnorm_matmul_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -7743,7 +7502,6 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -7791,9 +7549,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         dlhs_1 = dlhs.astype(jnp.float32)
         dlhs_2 = dlhs_1 * g
-        sum_k_block = dlhs_2 * h
-        if k % block_k:  # a ragged K: its identity past the end
-            sum_k_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0)
+        sum_k_block = rt.mgpu_fill_past(dlhs_2 * h, start, k, 1, 0.0, ragged=k % block_k)
         sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
         return (sum_k_running,)
 
@@ -7910,9 +7666,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
     lhs_2 = jax.lax.rsqrt(lhs_1)
     lhs_3 = h * lhs_2
     dlhs_1 = dlhs.astype(jnp.float32)
-    sum_m_block = dlhs_1 * lhs_3
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dlhs_1 * lhs_3, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -7975,9 +7729,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
         lhs_2 = jax.lax.rsqrt(lhs_1)
         lhs_3 = h * lhs_2
         dlhs_1 = dlhs.astype(jnp.float32)
-        sum_m_block = dlhs_1 * lhs_3
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -7988,7 +7740,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
     rt.store(dg_ref, sum_m, inside)
 
 
-# Triton's block_m, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K).
 _rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -8031,9 +7782,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         lhs_2 = jax.lax.rsqrt(lhs_1)
         lhs_3 = h * lhs_2
         dlhs_1 = dlhs.astype(jnp.float32)
-        sum_m_block = dlhs_1 * lhs_3
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 

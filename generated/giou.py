@@ -11,9 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -118,7 +119,6 @@ def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_r
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -196,14 +196,11 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     return giou[:b, :n]
 
 
-def _giou_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the generated backward kernels
-    giou_backward. The forward pass saves its inputs (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) and nothing else:
-    the backward kernels recompute the values they need (area_a, area_b, inter_w, inter_h, inter, union, hull)
-    from them.
+def _giou_vjp(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps, gpu_backend, interpret):
+    """`giou`'s backward pass, for jax.grad: the forward pass saves its inputs (ax1, ay1, ax2, ay2, bx1, by1, bx2,
+    by2) and nothing else, from which the backward kernels recompute the values they need (area_a, area_b,
+    inter_w, inter_h, inter, union, hull).
     """
-    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
-    dgiou = cotangents
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
         ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps, gpu_backend=gpu_backend, interpret=interpret
     )
@@ -579,7 +576,6 @@ def _giou_backward_gpu_kernel(
     )
 
 
-# Triton's block_b, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, N).
 _giou_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 

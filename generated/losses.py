@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -61,17 +62,18 @@ def _cross_entropy_kernel(
     logits = logits_ref[...]
     label = label_ref[...]
     z = logits.astype(jnp.float32)
-    logsumexp_over_v_block = z
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_over_v_block = rt.fill_past(logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf)
+    logsumexp_over_v_block = rt.fill_past(z, step * block_v, v, 1, -jnp.inf, ragged=v % block_v)
     logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
         logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
     )
-    sum_v_block = jnp.where(
-        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
+    sum_v_block = rt.fill_past(
+        jnp.where(pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
+        step * block_v,
+        v,
+        1,
+        0.0,
+        ragged=v % block_v,
     )
-    if v % block_v:  # a ragged V: its identity past the end, never padding
-        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
     sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -152,15 +154,18 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
         in_v = rt.inside(start, block_v, v)
         logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
-        logsumexp_over_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_over_v_block = rt.fill_past(logsumexp_over_v_block, start, v, 1, -jnp.inf)
+        logsumexp_over_v_block = rt.fill_past(z, start, v, 1, -jnp.inf, ragged=v % block_v)
         logsumexp_over_v_max, logsumexp_over_v_sum = rt.logsumexp_step(
             logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
         )
-        sum_v_block = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0)
-        if v % block_v:  # a ragged V: its identity past the end, never padding
-            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
+        sum_v_block = rt.fill_past(
+            jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
+            start,
+            v,
+            1,
+            0.0,
+            ragged=v % block_v,
+        )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
         return logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running
 
@@ -182,7 +187,6 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -237,19 +241,20 @@ def _cross_entropy_mosaic_gpu_kernel(
         start = indices[0] * block_v
         logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
         z = logits.astype(jnp.float32)
-        logsumexp_over_v_block = z
-        if v % block_v:  # a ragged V: its identity past the end
-            logsumexp_over_v_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_over_v_block, -jnp.inf
-            )
+        logsumexp_over_v_block = rt.mgpu_fill_past(z, start, v, 1, -jnp.inf, ragged=v % block_v)
         logsumexp_over_v_running, logsumexp_over_v_index = rt.mgpu_logsumexp_step(
             logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
         )
-        sum_v_block = jnp.where(
-            rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
+        sum_v_block = rt.mgpu_fill_past(
+            jnp.where(
+                rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
+            ),
+            start,
+            v,
+            1,
+            0.0,
+            ragged=v % block_v,
         )
-        if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
 
@@ -298,14 +303,11 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, residuals, interpret):
     return loss[:m].reshape((m, 1)), (logsumexp_v[:m].reshape((m, 1)) if residuals else None)
 
 
-def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels cross_entropy_backward. The forward pass saves its inputs (logits, label) and the residuals
-    logsumexp_v (forward values that cost more to recompute than to save): the backward kernels recompute the
-    values they need (z) from them. Integer and bool inputs (label) get None: float0 cotangents.
+def _cross_entropy_vjp(logits, label, logsumexp_v, dloss, *, gpu_backend, interpret):
+    """`cross_entropy`'s backward pass, for jax.grad: the forward pass saves its inputs (logits, label) and the
+    residuals logsumexp_v, from which the backward kernels recompute the values they need (z). Integer and bool
+    inputs (label) get None: float0 cotangents.
     """
-    logits, label, logsumexp_v = saved
-    dloss = cotangents
     dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret)
     return dlogits, None
 
@@ -408,7 +410,6 @@ def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, d
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_v, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, V).
 _cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 

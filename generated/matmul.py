@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -47,11 +48,8 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -117,7 +115,6 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -166,7 +163,6 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -190,13 +186,10 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=Non
     return z[:m, :n]
 
 
-def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels matmul_backward_x, matmul_backward_y. The forward pass saves its inputs (x, y) and nothing else: the
-    backward kernels recompute the values they need from them.
+def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
+    """`matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    x, y = saved
-    dz = cotangents
     dx = matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = matmul_backward_y(x, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -216,7 +209,8 @@ def matmul(x, y):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_tpu_blocks chooses; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
@@ -234,11 +228,8 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
 
     dz = dz_ref[...]
     y = y_ref[...]
-    acc_n_lhs = dz
-    acc_n_rhs = y
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs, step * block_n, n, 1, 0)
-        acc_n_rhs = rt.fill_past(acc_n_rhs, step * block_n, n, 1, 0)
+    acc_n_lhs = rt.fill_past(dz, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + (
         jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
@@ -304,7 +295,6 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc, inside)
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -354,7 +344,6 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -394,7 +383,8 @@ def matmul_backward_x(dz, y):
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _matmul_backward_x_tpu_blocks chooses; the spec's: 512,
         1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     dx = acc
@@ -410,11 +400,8 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
 
     x = x_ref[...]
     dz = dz_ref[...]
-    acc_m_lhs = x
-    acc_m_rhs = dz
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs, step * block_m, m, 0, 0)
-        acc_m_rhs = rt.fill_past(acc_m_rhs, step * block_m, m, 0, 0)
+    acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dz, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -478,7 +465,6 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     rt.store(dy_ref, acc, inside)
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -530,7 +516,6 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -572,7 +557,8 @@ def matmul_backward_y(x, dz):
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as _matmul_backward_y_tpu_blocks chooses; the spec's: 1024,
         1024, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_backward_y_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     dy = acc
@@ -588,11 +574,8 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs, step * block_k, k, 1, 0)
-        acc_k_rhs = rt.fill_past(acc_k_rhs, step * block_k, k, 0, 0)
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -677,7 +660,6 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 
@@ -740,7 +722,6 @@ def _matmul_relu_mosaic_gpu_kernel(
         )
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -775,14 +756,10 @@ def _matmul_relu_mosaic_gpu(
     return z[:m, :n], (acc[:m, :n] if residuals else None)
 
 
-def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the
-    residuals acc (forward values that cost more to recompute than to save): the backward kernels recompute the
-    values they need from them.
+def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
+    """`matmul_relu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and the residuals acc,
+    from which the backward kernels recompute the values they need.
     """
-    x, y, acc = saved
-    dz = cotangents
     dx = matmul_relu_backward_x(acc, dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = matmul_relu_backward_y(acc, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -805,7 +782,8 @@ def matmul_relu(x, y):
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_tpu_blocks chooses; the spec's: 256, 512,
         512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_relu_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
     (_matmul_relu_vjp).
@@ -827,11 +805,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
     dz = dz_ref[...]
     y = y_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
-    acc_n_lhs = dacc
-    acc_n_rhs = y
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -899,11 +874,8 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
         dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
-        acc_n_lhs = dacc
-        acc_n_rhs = y
-        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -913,7 +885,6 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -997,7 +968,6 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -1078,11 +1048,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
     dz = dz_ref[...]
     x = x_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
-    acc_m_lhs = x
-    acc_m_rhs = dacc
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -1150,11 +1117,8 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
         dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
-        acc_m_lhs = x
-        acc_m_rhs = dacc
-        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+        acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -1164,7 +1128,6 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -1248,7 +1211,6 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
@@ -1328,11 +1290,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
 
     x = x_ref[...]
     y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
+    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
+    acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -1425,7 +1384,6 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -1492,7 +1450,6 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         )
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -1528,14 +1485,10 @@ def _matmul_bias_gelu_mosaic_gpu(
     return z[:m, :n], (acc[:m, :n] if residuals else None)
 
 
-def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels matmul_bias_gelu_backward_x, matmul_bias_gelu_backward_y. The forward pass saves its inputs
-    (x, y, bias) and the residuals acc (forward values that cost more to recompute than to save): the backward
-    kernels recompute the values they need from them.
+def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
+    """`matmul_bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y, bias) and the
+    residuals acc, from which the backward kernels recompute the values they need.
     """
-    x, y, bias, acc = saved
-    dz = cotangents
     dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy, dbias = matmul_bias_gelu_backward_y(acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy, dbias
@@ -1558,7 +1511,8 @@ def matmul_bias_gelu(x, y, bias):
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_tpu_blocks chooses; the spec's: 512,
         1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_bias_gelu_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
@@ -1587,11 +1541,8 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    acc_n_lhs = dacc
-    acc_n_rhs = y
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -1672,11 +1623,8 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
             0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
-        acc_n_lhs = dacc
-        acc_n_rhs = y
-        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -1686,7 +1634,6 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -1784,7 +1731,6 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -1882,17 +1828,12 @@ def _matmul_bias_gelu_backward_y_kernel(
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    acc_m_lhs = x
-    acc_m_rhs = dacc
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
-    sum_m_block = dz_1
-    if m % block_m:  # a ragged M: 0.0 past its end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dz_1, m_start, m, 0, 0.0, ragged=m % block_m)
     sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -1982,17 +1923,12 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy
             0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
-        acc_m_lhs = x
-        acc_m_rhs = dacc
-        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+        acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
-        sum_m_block = dz_1
-        if m % block_m:  # a ragged M: 0.0 past its end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dz_1, m_start, m, 0, 0.0, ragged=m % block_m)
         sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return acc_m, sum_m
 
@@ -2006,7 +1942,6 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy
     rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2058,9 +1993,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         dz_1 = dz.astype(jnp.float32) * (
             0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
-        sum_m_block = dz_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dz_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -2172,7 +2105,6 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (K, N, M).
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -2262,11 +2194,8 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.int32), step * block_k, k, 1, 0).astype(jnp.int8)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.int32), step * block_k, k, 0, 0).astype(jnp.int8)
+    acc_k_lhs = rt.fill_past(x.astype(jnp.int32), step * block_k, k, 1, 0).astype(jnp.int8) if k % block_k else x
+    acc_k_rhs = rt.fill_past(y.astype(jnp.int32), step * block_k, k, 0, 0).astype(jnp.int8) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -2328,7 +2257,6 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -2377,7 +2305,6 @@ def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
 
 
@@ -2403,7 +2330,7 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_
     return z[:m, :n]
 
 
-def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
     """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -2425,7 +2352,8 @@ def matmul_int8(x, y):
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _matmul_int8_tpu_blocks chooses; the spec's: 512, 1024,
         1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _matmul_int8_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -2444,11 +2372,8 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     y = y_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = y
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16)
+    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
+    acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2514,7 +2439,6 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K, B).
 _batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -2565,7 +2489,6 @@ def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *,
     )
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (B, M, N, K).
 _batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -2590,13 +2513,10 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, 
     return z[:b, :m, :n]
 
 
-def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs (x,
-    y) and nothing else: the backward kernels recompute the values they need from them.
+def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
+    """`batched_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else,
+    from which the backward kernels recompute the values they need.
     """
-    x, y = saved
-    dz = cotangents
     dx = batched_matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = batched_matmul_backward_y(dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -2617,7 +2537,8 @@ def batched_matmul(x, y):
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _batched_matmul_tpu_blocks chooses; the spec's: 512, 1024,
         1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _batched_matmul_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
     (_batched_matmul_vjp).
@@ -2638,11 +2559,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
     dz = dz_ref[...]
     y = y_ref[...]
     dacc = dz.astype(jnp.bfloat16)
-    acc_n_lhs = dacc
-    acc_n_rhs = y
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -2707,11 +2625,8 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
         dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = dz.astype(jnp.bfloat16)
-        acc_n_lhs = dacc
-        acc_n_rhs = y
-        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
+        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -2721,7 +2636,6 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N, B).
 _batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -2805,7 +2719,6 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (B, M, K, N).
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -2886,11 +2799,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
     dz = dz_ref[...]
     x = x_ref[...]
     dacc = dz.astype(jnp.bfloat16)
-    acc_m_lhs = x
-    acc_m_rhs = dacc
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -2955,11 +2865,8 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
         dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = dz.astype(jnp.bfloat16)
-        acc_m_lhs = x
-        acc_m_rhs = dacc
-        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
+        acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -2969,7 +2876,6 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-# Triton's block_k, block_n, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (K, N, M, B).
 _batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
@@ -3053,7 +2959,6 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU's block_k, block_n, block_m, stages by GPU kind (None: built in) and sizes (B, K, N, M).
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3187,7 +3092,6 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     rt.store(s_ref, acc * scale, inside)
 
 
-# Triton's block_s, block_t, block_d, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, T, D, B).
 _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3238,7 +3142,6 @@ def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s
     )
 
 
-# Mosaic GPU's block_s, block_t, block_d, stages by GPU kind (None: built in) and sizes (B, S, T, D).
 _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3265,13 +3168,10 @@ def _scores_mosaic_gpu(
     return s[:b, :size_s, :t]
 
 
-def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
-    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels scores_backward_epilogue, scores_backward_q, scores_backward_k. The forward pass saves its inputs
-    (q, k) and nothing else: the backward kernels recompute the values they need from them.
+def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
+    """`scores`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    q, k = saved
-    ds = cotangents
     dacc = scores_backward_epilogue(ds, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
     dq = scores_backward_q(dacc, k, gpu_backend=gpu_backend, interpret=interpret)
     dk = scores_backward_k(dacc, q, gpu_backend=gpu_backend, interpret=interpret)
@@ -3293,7 +3193,8 @@ def scores(q, k, *, scale=0.125):
 
     Keywords:
       block_s, block_t: TPU blocks (None: as _scores_tpu_blocks chooses; the spec's: 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _scores_mosaic_gpu_options chooses by GPU kind and sizes).
       scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
@@ -3352,7 +3253,6 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_b, block_s, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (B, S, T).
 _scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
 
 
@@ -3433,11 +3333,10 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
 
     dacc = dacc_ref[...]
     k = k_ref[...]
-    acc_t_lhs = dacc
-    acc_t_rhs = k
-    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = rt.fill_past(acc_t_lhs.astype(jnp.float32), step * block_t, t, 1, 0).astype(jnp.bfloat16)
-        acc_t_rhs = rt.fill_past(acc_t_rhs.astype(jnp.float32), step * block_t, t, 0, 0).astype(jnp.bfloat16)
+    acc_t_lhs = (
+        rt.fill_past(dacc.astype(jnp.float32), step * block_t, t, 1, 0).astype(jnp.bfloat16) if t % block_t else dacc
+    )
+    acc_t_rhs = rt.fill_past(k.astype(jnp.float32), step * block_t, t, 0, 0).astype(jnp.bfloat16) if t % block_t else k
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -3503,7 +3402,6 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_s, block_d, block_t, num_warps, num_stages by GPU kind (None: the spec's) and sizes (S, D, T, B).
 _scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -3556,7 +3454,6 @@ def _scores_backward_q_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU's block_s, block_d, block_t, stages by GPU kind (None: built in) and sizes (B, S, D, T).
 _scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3598,7 +3495,8 @@ def scores_backward_q(dacc, k):
     Keywords:
       block_s, block_d, block_t: TPU blocks (None: as _scores_backward_q_tpu_blocks chooses; the spec's: 128,
         128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _scores_backward_q_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
     dq = acc.astype(jnp.bfloat16)
@@ -3614,11 +3512,10 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
 
     dacc = dacc_ref[...]
     q = q_ref[...]
-    acc_s_lhs = dacc
-    acc_s_rhs = q
-    if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = rt.fill_past(acc_s_lhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16)
-        acc_s_rhs = rt.fill_past(acc_s_rhs.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16)
+    acc_s_lhs = (
+        rt.fill_past(dacc.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16) if s % block_s else dacc
+    )
+    acc_s_rhs = rt.fill_past(q.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16) if s % block_s else q
     acc_s_ref[...] = acc_s_ref[...] + jax.lax.dot_general(
         acc_s_lhs, acc_s_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -3687,7 +3584,6 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_t, block_d, block_s, num_warps, num_stages by GPU kind (None: the spec's) and sizes (T, D, S, B).
 _scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -3740,7 +3636,6 @@ def _scores_backward_k_mosaic_gpu_kernel(
     )
 
 
-# Mosaic GPU's block_t, block_d, block_s, stages by GPU kind (None: built in) and sizes (B, T, D, S).
 _scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3783,7 +3678,8 @@ def scores_backward_k(dacc, q):
     Keywords:
       block_t, block_d, block_s: TPU blocks (None: as _scores_backward_k_tpu_blocks chooses; the spec's: 128,
         128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _scores_backward_k_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
     dk = acc.astype(jnp.bfloat16)
@@ -3799,11 +3695,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
 
     x = x_ref[...]
     w = w_ref[...]
-    acc_k_lhs = x
-    acc_k_rhs = w
-    if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = rt.fill_past(acc_k_lhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
-        acc_k_rhs = rt.fill_past(acc_k_rhs.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16)
+    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
+    acc_k_rhs = rt.fill_past(w.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else w
     acc_k_ref[...] = acc_k_ref[...] + (
         jnp.sum(acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_k_rhs.shape[0] == 1
@@ -3878,7 +3771,6 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_n, block_k, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N, K).
 _linear_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
@@ -3931,7 +3823,6 @@ def _linear_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-# Mosaic GPU's block_m, block_n, block_k, stages by GPU kind (None: built in) and sizes (M, N, K).
 _linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -3959,13 +3850,10 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block
     return y[:m, :n]
 
 
-def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels linear_backward_over_m, linear_backward_x, linear_backward_w. The forward pass saves its inputs (x,
-    w, bias) and nothing else: the backward kernels recompute the values they need from them.
+def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
+    """`linear`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w, bias) and nothing else,
+    from which the backward kernels recompute the values they need.
     """
-    x, w, _ = saved
-    dy = cotangents
     dbias = linear_backward_over_m(dy, gpu_backend=gpu_backend, interpret=interpret)
     dx = linear_backward_x(dy, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = linear_backward_w(dy, x, gpu_backend=gpu_backend, interpret=interpret)
@@ -3986,7 +3874,8 @@ def linear(x, w, bias):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as _linear_tpu_blocks chooses; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _linear_mosaic_gpu_options chooses by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
     linear_backward_w (_linear_vjp).
@@ -4006,9 +3895,7 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
 
     dy = dy_ref[...]
     dy_1 = dy.astype(jnp.float32)
-    sum_m_block = dy_1
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -4061,9 +3948,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
         in_m = rt.inside(start, block_m, m)
         dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -4074,7 +3959,6 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     rt.store(dbias_ref, sum_m, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 
@@ -4103,9 +3987,7 @@ def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, 
         start = indices[0] * block_m
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -4169,11 +4051,10 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
 
     dy = dy_ref[...]
     w = w_ref[...]
-    acc_n_lhs = dy
-    acc_n_rhs = w
-    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = rt.fill_past(acc_n_lhs.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16)
-        acc_n_rhs = rt.fill_past(acc_n_rhs.astype(jnp.float32), step * block_n, n, 0, 0).astype(jnp.bfloat16)
+    acc_n_lhs = (
+        rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
+    )
+    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 0, 0).astype(jnp.bfloat16) if n % block_n else w
     acc_n_ref[...] = acc_n_ref[...] + jnp.dot(acc_n_lhs, acc_n_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -4235,7 +4116,6 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, block_k, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, K, N).
 _linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -4285,7 +4165,6 @@ def _linear_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_m, block_k, block_n, stages by GPU kind (None: built in) and sizes (M, K, N).
 _linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -4325,7 +4204,8 @@ def linear_backward_x(dy, w):
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as _linear_backward_x_tpu_blocks chooses; the spec's: 1024,
         1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _linear_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -4341,11 +4221,10 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
 
     dy = dy_ref[...]
     x = x_ref[...]
-    acc_m_lhs = dy
-    acc_m_rhs = x
-    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = rt.fill_past(acc_m_lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
-        acc_m_rhs = rt.fill_past(acc_m_rhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16)
+    acc_m_lhs = (
+        rt.fill_past(dy.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dy
+    )
+    acc_m_rhs = rt.fill_past(x.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else x
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -4409,7 +4288,6 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_n, block_k, block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N, K, M).
 _linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
 
 
@@ -4459,7 +4337,6 @@ def _linear_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
-# Mosaic GPU's block_n, block_k, block_m, stages by GPU kind (None: built in) and sizes (N, K, M).
 _linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
@@ -4500,7 +4377,8 @@ def linear_backward_w(dy, x):
     Keywords:
       block_n, block_k, block_m: TPU blocks (None: as _linear_backward_w_tpu_blocks chooses; the spec's: 1024,
         1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
+        _linear_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)

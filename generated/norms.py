@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -128,7 +129,6 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_gpu_options = {None: (1, None, 1)}
 
 
@@ -192,9 +192,7 @@ def _layer_norm_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_n_block = h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
+        mean_over_n_block = rt.mgpu_fill_past(h, start, n, 1, 0.0, ragged=n % block_n)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -214,9 +212,7 @@ def _layer_norm_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
-        mean_n_2_block = d * d
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0)
+        mean_n_2_block = rt.mgpu_fill_past(d * d, start, n, 1, 0.0, ragged=n % block_n)
         mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
         return (mean_n_2_running,)
 
@@ -299,14 +295,10 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
     )
 
 
-def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels layer_norm_backward, layer_norm_backward_over_m. The forward pass saves its inputs (x, w, b), its
-    outputs mu, rstd (read, not recomputed) and the residuals mean_n (forward values that cost more to recompute
-    than to save): the backward kernels recompute the values they need (h, d) from them.
+def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend, interpret):
+    """`layer_norm`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w, b), its outputs mu,
+    rstd and the residuals mean_n, from which the backward kernels recompute the values they need (h, d).
     """
-    x, w, mu, rstd, mean_n = saved
-    dy, dmu, drstd = cotangents
     dx = layer_norm_backward(
         x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, gpu_backend=gpu_backend, interpret=interpret
     )
@@ -446,7 +438,6 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -528,9 +519,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
-        sum_n_block = dy_2 * d
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(dy_2 * d, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -564,9 +553,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        sum_over_n_block = -dd
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
+        sum_over_n_block = rt.mgpu_fill_past(-dd, start, n, 1, 0.0, ragged=n % block_n)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -712,13 +699,9 @@ def _layer_norm_backward_over_m_kernel(
     d = h - mu
     y_1 = d * rstd
     dy_1 = dy.astype(jnp.float32)
-    sum_m_block = dy_1 * y_1
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dy_1 * y_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
-    sum_over_m_block = dy_1
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_over_m_block = rt.fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
+    sum_over_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -790,13 +773,9 @@ def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_r
         d = h - mu
         y_1 = d * rstd
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1 * y_1
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dy_1 * y_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        sum_over_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_over_m_block = rt.fill_past(sum_over_m_block, start, m, 0, 0.0)
+        sum_over_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
         return sum_m_running, sum_over_m_running
 
@@ -812,7 +791,6 @@ def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_r
     rt.store(db_ref, sum_over_m, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -857,13 +835,9 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         d = h - mu
         y_1 = d * rstd
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1 * y_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dy_1 * y_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        sum_over_m_block = dy_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_over_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0)
+        sum_over_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
 
@@ -1003,7 +977,6 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_gpu_options = {None: (1, None, 1)}
 
 
@@ -1043,9 +1016,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_n_block = h * h
-        if n % block_n:  # a ragged N: its identity past the end
-            mean_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0)
+        mean_over_n_block = rt.mgpu_fill_past(h * h, start, n, 1, 0.0, ragged=n % block_n)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
 
@@ -1109,14 +1080,10 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, residuals, interpret):
     return y[:m, :n], (mean_n[:m].reshape((m, 1)) if residuals else None)
 
 
-def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
-    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass saves its inputs (x, w) and the
-    residuals mean_n (forward values that cost more to recompute than to save): the backward kernels recompute
-    the values they need (h) from them.
+def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
+    """`rms_norm`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w) and the residuals mean_n,
+    from which the backward kernels recompute the values they need (h).
     """
-    x, w, mean_n = saved
-    dy = cotangents
     dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
     dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw
@@ -1221,7 +1188,6 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -1269,9 +1235,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         h = x.astype(jnp.float32)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
-        sum_n_block = dy_2 * h
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(dy_2 * h, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
@@ -1390,9 +1354,7 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
     y_2 = jax.lax.rsqrt(y_1)
     y_3 = h * y_2
     dy_1 = dy.astype(jnp.float32)
-    sum_m_block = dy_1 * y_3
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(dy_1 * y_3, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -1454,9 +1416,7 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
         y_2 = jax.lax.rsqrt(y_1)
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1 * y_3
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -1467,7 +1427,6 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     rt.store(dw_ref, sum_m, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -1508,9 +1467,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         y_2 = jax.lax.rsqrt(y_1)
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = dy_1 * y_3
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 

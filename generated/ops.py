@@ -11,9 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -82,7 +83,6 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x + y, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -136,12 +136,10 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels add_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
-    recompute the values they need from them.
+def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
+    """`add_f32`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    dz = cotangents
     dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
@@ -214,7 +212,6 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -340,7 +337,6 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x * y, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -394,13 +390,10 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels mul_f32_backward. The forward pass saves its inputs (x, y) and nothing else: the backward kernels
-    recompute the values they need from them.
+def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
+    """`mul_f32`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    x, y = saved
-    dz = cotangents
     dx, dy = mul_f32_backward(x, y, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
@@ -484,7 +477,6 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz * x, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -612,7 +604,6 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_f32_gpu_options = {None: (1, None, 1)}
 
 
@@ -644,9 +635,7 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf)
+        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -680,7 +669,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -721,9 +710,7 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
 
     x = rt.as_rows(x_ref[...])
     y = rt.as_rows(y_ref[...])
-    sum_n_block = (x == y).astype(jnp.int32)
-    if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+    sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -776,9 +763,7 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         in_n = rt.inside(start, block_n, size_n)
         x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
         y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
-        sum_n_block = (x == y).astype(jnp.int32)
-        if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
+        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -787,7 +772,6 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -847,7 +831,7 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
     """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
     since no float input reaches a float output.
     """
@@ -909,7 +893,6 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -963,7 +946,7 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1023,7 +1006,6 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1077,7 +1059,7 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1144,7 +1126,6 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i32_gpu_options = {None: (1, None, 1)}
 
 
@@ -1176,9 +1157,7 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
+        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -2147483648, ragged=n % block_n)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -1212,7 +1191,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1277,7 +1256,6 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -1337,7 +1315,7 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
     """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
     since no float input reaches a float output.
     """
@@ -1405,7 +1383,6 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1459,7 +1436,7 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1525,7 +1502,6 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1579,7 +1555,7 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1651,7 +1627,6 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_i8_gpu_options = {None: (1, None, 1)}
 
 
@@ -1681,9 +1656,7 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = x.astype(jnp.int32)
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648)
+        argmax_n_block = rt.mgpu_fill_past(x.astype(jnp.int32), start, n, 1, -2147483648, ragged=n % block_n)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -1717,7 +1690,7 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -1757,9 +1730,13 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
 
     x = rt.as_rows(x_ref[...])
     y = rt.as_rows(y_ref[...])
-    sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
-    if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+    sum_n_block = rt.fill_past_rows(
+        (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32),
+        step * block_n,
+        size_n,
+        0,
+        ragged=size_n % block_n,
+    )
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -1802,7 +1779,6 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -1859,7 +1835,7 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
     """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
     no float input reaches a float output.
     """

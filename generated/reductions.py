@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -81,7 +82,6 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_rows_gpu_options = {None: (1, None, 1)}
 
 
@@ -114,9 +114,7 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf)
+        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -151,7 +149,7 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -191,9 +189,7 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         argmax_n_index_ref[...] = jnp.full(argmax_n_index_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
-    argmax_n_block = x
-    if n % block_n:  # a ragged N: its identity past the end, never padding
-        argmax_n_block = rt.fill_past(argmax_n_block, step * block_n, n, 1, -jnp.inf)
+    argmax_n_block = rt.fill_past(x, step * block_n, n, 1, -jnp.inf, ragged=n % block_n)
     argmax_n_max_ref[...], argmax_n_index_ref[...] = rt.argbest_step(
         argmax_n_max_ref[...], argmax_n_index_ref[...], argmax_n_block, step * block_n, 1, largest=True
     )
@@ -249,9 +245,7 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
         x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
-        argmax_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end, never padding
-            argmax_n_block = rt.fill_past(argmax_n_block, start, n, 1, -jnp.inf)
+        argmax_n_block = rt.fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_n_max, argmax_n_index = rt.argbest_step(
             argmax_n_max, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
@@ -267,7 +261,6 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 
@@ -288,7 +281,7 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
     no float input reaches a float output.
     """
@@ -363,7 +356,6 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _argmin_rows_gpu_options = {None: (1, None, 1)}
 
 
@@ -395,9 +387,7 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         argmin_n_running, argmin_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmin_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmin_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf)
+        argmin_n_block = rt.mgpu_fill_past(x, start, n, 1, jnp.inf, ragged=n % block_n)
         argmin_n_running, argmin_n_index = rt.mgpu_argbest_step(
             argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
         )
@@ -431,7 +421,7 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
     """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """
@@ -470,9 +460,7 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
     x = x_ref[...]
-    sum_m_block = x
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_block = rt.fill_past(x, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -523,9 +511,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
-        sum_m_block = x
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -536,7 +522,6 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     rt.store(s_ref, sum_m, inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 
@@ -564,9 +549,7 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
         (sum_m_running,) = carry
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        sum_m_block = x
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0)
+        sum_m_block = rt.mgpu_fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
@@ -598,13 +581,10 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     return s[:n].reshape((1, n))
 
 
-def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels column_sums_backward. The forward pass saves its inputs (x) and nothing else: the backward kernels
-    recompute the values they need from them.
+def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
+    """`column_sums`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and nothing else, from
+    which the backward kernels recompute the values they need.
     """
-    (x,) = saved
-    ds = cotangents
     dx = column_sums_backward(x, ds, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -678,7 +658,6 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -833,7 +812,6 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_gpu_options = {None: (1, None, 1)}
 
 
@@ -889,17 +867,9 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_over_n_block = jnp.abs(x)
-        if n % block_n:  # a ragged N: its identity past the end
-            max_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
-            )
+        max_over_n_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
         max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
-        argmax_over_n_block = jnp.abs(x)
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
-            )
+        argmax_over_n_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
             argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
@@ -983,14 +953,10 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
     )
 
 
-def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad, by the generated
-    backward kernels quantize_rows_int8_backward. The forward pass saves its inputs (x) and the residuals max_n,
-    argmax_n (forward values that cost more to recompute than to save): the backward kernels recompute the
-    values they need from them.
+def _quantize_rows_int8_vjp(x, max_n, argmax_n, dq, dscale, *, gpu_backend, interpret):
+    """`quantize_rows_int8`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals
+    max_n, argmax_n, from which the backward kernels recompute the values they need.
     """
-    x, max_n, argmax_n = saved
-    _, dscale = cotangents
     dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -1094,7 +1060,6 @@ def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dsca
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-# Triton's block_m, block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 
@@ -1208,9 +1173,7 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
 
     x = rt.as_rows(x_ref[...])
     y = rt.as_rows(y_ref[...])
-    sum_n_block = (x == y).astype(jnp.int32)
-    if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+    sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -1262,9 +1225,7 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         in_n = rt.inside(start, block_n, size_n)
         x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
         y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
-        sum_n_block = (x == y).astype(jnp.int32)
-        if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
+        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -1273,7 +1234,6 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-# Triton's block_n, num_warps, num_stages by GPU kind (None: the spec's) and sizes (N).
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
@@ -1333,7 +1293,7 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
+def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
     """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
     float input reaches a float output.
     """

@@ -11,17 +11,18 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
+kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
+("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
+no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
 `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
 copies, the outputs sliced back).
 
-A kernel whose backward kernels read forward values it does not output (its residuals)
-has launchers that take `residuals`: true in the forward pass under jax.grad, they write
+A kernel whose backward kernels read forward values it does not output (its residuals:
+values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
 them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
 gets None for their Refs and writes nothing there.
 """
@@ -118,7 +119,6 @@ def _softmax_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, 
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_gpu_options = {None: (1, None, 1)}
 
 
@@ -172,17 +172,9 @@ def _softmax_mosaic_gpu_kernel(
         max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_over_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            max_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
-            )
+        max_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
-        argmax_over_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
-            )
+        argmax_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
             argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
@@ -209,9 +201,7 @@ def _softmax_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_over_n_block = e
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
+        sum_over_n_block = rt.mgpu_fill_past(e, start, n, 1, 0.0, ragged=n % block_n)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -287,14 +277,10 @@ def _softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     )
 
 
-def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels softmax_backward. The forward pass saves its inputs (x) and the residuals sum_n, argmax_n, max_n
-    (forward values that cost more to recompute than to save): the backward kernels recompute the values they
-    need (e) from them.
+def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
+    """`softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals sum_n,
+    argmax_n, max_n, from which the backward kernels recompute the values they need (e).
     """
-    x, sum_n, argmax_n, max_n = saved
-    dy = cotangents
     dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -400,7 +386,6 @@ def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_r
     )
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -462,11 +447,14 @@ def _softmax_backward_mosaic_gpu_kernel(
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_over_n_block = (
-            -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0))
+        sum_over_n_block = rt.mgpu_fill_past(
+            -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0)),
+            start,
+            n,
+            1,
+            0.0,
+            ragged=n % block_n,
         )
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_over_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
@@ -487,9 +475,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
-        sum_n_2_block = -de_1
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_2_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0)
+        sum_n_2_block = rt.mgpu_fill_past(-de_1, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
         return (sum_n_2_running,)
 
@@ -651,7 +637,6 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_gpu_options = {None: (1, None, 1)}
 
 
@@ -691,11 +676,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, logsumexp_n_sm
         logsumexp_over_n_running, logsumexp_over_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        logsumexp_over_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            logsumexp_over_n_block = jnp.where(
-                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_over_n_block, -jnp.inf
-            )
+        logsumexp_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
         logsumexp_over_n_running, logsumexp_over_n_index = rt.mgpu_logsumexp_step(
             logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
         )
@@ -754,14 +735,10 @@ def _log_softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     return y[:m, :n], (logsumexp_n[:m].reshape((m, 1)) if residuals else None)
 
 
-def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
-    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the generated backward
-    kernels log_softmax_backward. The forward pass saves its inputs (x) and the residuals logsumexp_n (forward
-    values that cost more to recompute than to save): the backward kernels recompute the values they need from
-    them.
+def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
+    """`log_softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals
+    logsumexp_n, from which the backward kernels recompute the values they need.
     """
-    x, logsumexp_n = saved
-    dy = cotangents
     dx = log_softmax_backward(x, logsumexp_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -846,7 +823,6 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     )
 
 
-# Triton's block_m, num_warps, num_stages by GPU kind (None: the spec's) and sizes (M, N).
 _log_softmax_backward_gpu_options = {None: (1, None, 1)}
 
 
@@ -886,9 +862,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         (sum_n_running,) = carry
         start = indices[0] * block_n
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        sum_n_block = -dy
-        if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0)
+        sum_n_block = rt.mgpu_fill_past(-dy, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 

@@ -148,7 +148,7 @@ def test_a_saved_output_is_read_and_an_elementwise_value_recomputed():
     the variance it saved, and computes h and d again from x."""
     module = generated_module("norms")
     doc = " ".join(module._layer_norm_vjp.__doc__.split())
-    assert "its outputs mu, rstd (read, not recomputed) and the residuals mean_n" in doc
+    assert "its outputs mu, rstd and the residuals mean_n" in doc
     assert "recompute the values they need (h, d)" in doc
 
 

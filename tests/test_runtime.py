@@ -539,6 +539,11 @@ def test_masks_cover_the_positions_inside_and_none_where_blocks_fit():
     assert mask.shape == (2, 8) and int(mask.sum()) == 8
     filled = support.fill_past(jnp.ones((2, 8)), 8, 12, 1, 0.0)
     np.testing.assert_array_equal(filled.sum(axis=1), [4, 4])
+    rows = support.fill_past_rows(jnp.ones((2, 128)), 256, 300, 0.0)
+    assert int(rows.sum()) == 44
+    block = jnp.ones((2, 8))  # where blocks tile the size, a block is left as it is: no select
+    assert support.fill_past(block, 8, 16, 1, 0.0, ragged=16 % 8) is block
+    assert support.fill_past_rows(block, 8, 16, 0.0, ragged=False) is block
 
 
 def test_a_program_of_whole_rows_takes_a_warp_per_1024_values_from_4_to_32():

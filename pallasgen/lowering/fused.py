@@ -165,18 +165,17 @@ class FusedLowering:
         vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
         return f"({vector} if {rhs}.shape[0] == 1 else {dot})"
 
-    def _fill_operand(self, value: str, node: ir.Expr, axis: int) -> list[str]:
-        """`value`, a product's operand, with 0 past the swept dimension's end; on Mosaic, a
-        16- or 8-bit one selected in 32 bits (it cannot select such blocks of fewer than 5
-        rows)."""
+    def _fill_operand(self, value: str, node: ir.Expr, axis: int) -> str:
+        """`value`, a product's operand, with 0 past the swept dimension's end on a ragged
+        last block; on Mosaic, a 16- or 8-bit one selected in 32 bits (it cannot select
+        such blocks of fewer than 5 rows)."""
         size = self.lowered.sizes[self.checked.sweep.dim]
         dtype = DTYPES[tpu_dtype(self.types[node].dtype.name)]  # f16 is computed as f32 there
         if not self.mosaic_product or dtype.bits >= 32:
-            return [f"    {value} = rt.fill_past({value}, {self.start}, {size}, {axis}, 0)"]
+            return f"rt.fill_past({value}, {self.start}, {size}, {axis}, 0, ragged={self.ragged})"
         wide = F32 if dtype.is_float else "jnp.int32"
-        return [
-            f"    {value} = rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
-        ]
+        filled = f"rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
+        return f"{filled} if {self.ragged} else {value}"
 
     def _operands(self, node, emitter) -> tuple[str, str]:
         """Both operands, converted to their common dtype as jnp.matmul would."""
@@ -324,11 +323,7 @@ class FusedLowering:
         dim = self.checked.sweep.dim
         axis = self._axis(node, dim)
         size = self.lowered.sizes[dim]
-        return [
-            f"{name} = {value}",
-            f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
-            f"    {name} = rt.fill_past({name}, {self.start}, {size}, {axis}, {fill})",
-        ]
+        return [f"{name} = rt.fill_past({value}, {self.start}, {size}, {axis}, {fill}, ragged={self.ragged})"]
 
     def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
         """The running max after this block; where it rescales others, the shift a step
@@ -363,11 +358,9 @@ class FusedLowering:
             lhs, rhs = self._operands(carry.node, emitter)
             base = names[0].removesuffix("_ref")
             left, right = self.namer.claim(f"{base}_lhs"), self.namer.claim(f"{base}_rhs")
-            lines = self._masked(left, lhs, product.lhs, "0")[:1] + self._masked(right, rhs, product.rhs, "0")[:1]
-            lines += [
-                f"if {self.ragged}:  # a ragged {dim}: both operands 0 past its end, never padding",
-                *self._fill_operand(left, product.lhs, product.lhs_contracts),
-                *self._fill_operand(right, product.rhs, product.rhs_contracts),
+            lines = [
+                f"{left} = {self._fill_operand(lhs, product.lhs, product.lhs_contracts)}",
+                f"{right} = {self._fill_operand(rhs, product.rhs, product.rhs_contracts)}",
             ]
             term = self._product_term(product, left, right, self._accumulate(carry.node))
             kept = f"{scale} * {read[0]}" if scale else read[0]

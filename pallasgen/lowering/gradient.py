@@ -34,8 +34,6 @@ class GradientPlan:
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
     saves: tuple[str, ...]  # the spec names of what the forward pass saves (none: its inputs)
     saving: str | None  # the kernel that writes the residuals saved, where it is apart (NAME_with_residuals)
-    saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
-    cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
     returns: str  # the inputs' cotangents (None: none, as integer inputs have)
     refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
@@ -69,7 +67,7 @@ def plan_gradient(
     vjp_keywords = [*params, *passed_on, "interpret"] if refusal is None else []
     # The backward pass's own names: the arrays it unpacks and the cotangents, off the
     # backward kernels it calls and its parameters.
-    namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
+    namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {*vjp_keywords})
     read = {(a.name, a.source) for k in gradient.kernels for a in k.arguments}
     names = {
         **{(d.name, "input"): namer.claim_spec(values[d.name]) for d in kernel.inputs},
@@ -99,23 +97,18 @@ def plan_gradient(
     if any(source in ("output", "residual") for _, source in read):
         kept = [key for key in saved_keys if key in read]
         saves = tuple(name for name, _ in kept)
-        saved = _unpacked([names[key] for key in kept], tuple_of_one=True)
-    else:
-        saves = ()
-        saved = _unpacked(
-            [names[(d.name, "input")] if (d.name, "input") in read else "_" for d in kernel.inputs], tuple_of_one=True
-        )
+    else:  # the forward pass saves its inputs, read or not
+        kept, saves = [(d.name, "input") for d in kernel.inputs], ()
+    cotangents = [names[(o.name, "cotangent")] for o in kernel.outputs]
+    # jax.grad's backward pass takes what the forward pass saved, then the outputs' cotangents
+    parameters = ["*saved_and_cotangents"] if refusal else [*(names[key] for key in kept), *cotangents]
     return GradientPlan(
         vjp_function=vjp_function,
-        vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
+        vjp_parameters=parameter_list(parameters, vjp_keywords),
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
         saves=saves,
         saving=gradient.saving.kernel.name if saves and saved_apart(checked) else None,
-        saved=saved,
-        cotangents=_unpacked(
-            [names[(o.name, "cotangent")] if (o.name, "cotangent") in read else "_" for o in kernel.outputs]
-        ),
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
@@ -140,14 +133,6 @@ def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[
         return None
     lines = textwrap.wrap(text, DOC_WIDTH - 12)
     return error, tuple(line + " " for line in lines[:-1]) + (lines[-1],)
-
-
-def _unpacked(names: list[str], tuple_of_one: bool = False) -> str:
-    """The target that unpacks a tuple into `names` (one name: a value, or a tuple of one),
-    `_` standing for those not read; "" where none is."""
-    if all(name == "_" for name in names):
-        return ""
-    return ", ".join(names) + ("," if tuple_of_one and len(names) == 1 else "")
 
 
 def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
@@ -178,7 +163,6 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
             " inputs), since no float input reaches a float output."
         )
         return tuple(textwrap.wrap(text, DOC_WIDTH))
-    kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
     recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
     inputs = ", ".join(d.name for d in kernel.inputs)
     integers = [d.name for d in kernel.inputs if not DTYPES[d.dtype].is_float]
@@ -186,18 +170,13 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
     outputs = [o.name for o in kernel.outputs if (o.name, "output") in read]
     saved = [
         f"its inputs ({inputs})",
-        *([f"its outputs {', '.join(outputs)} (read, not recomputed)"] if outputs else []),
-        *(
-            [f"the residuals {', '.join(gradient.residuals)} (forward values that cost more to recompute than to save)"]
-            if gradient.residuals
-            else []
-        ),
+        *([f"its outputs {', '.join(outputs)}"] if outputs else []),
+        *([f"the residuals {', '.join(gradient.residuals)}"] if gradient.residuals else []),
     ]
     saves = f"{', '.join(saved[:-1])} and {saved[-1]}" if len(saved) > 1 else f"{saved[0]} and nothing else"
     text = (
-        f"The cotangents of `{kernel.name}`'s inputs from those of its outputs, for jax.grad, by"
-        f" the generated backward kernels {kernels}. The forward pass saves {saves}:"
-        f" the backward kernels recompute the values they need{recomputed} from them."
+        f"`{kernel.name}`'s backward pass, for jax.grad: the forward pass saves {saves}, from"
+        f" which the backward kernels recompute the values they need{recomputed}."
     )
     if integers:
         text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."

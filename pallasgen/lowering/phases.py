@@ -74,10 +74,10 @@ def stepped_reductions(
         values = [f"{acc.name}[...]" if in_refs else acc.name for acc in accs]
         computed = compute_dtype(kind, dtype)
         block_value = namer.claim(f"{result}_block")
+        value = emitter.cast(node.args[0], computed.name)
+        ragged = f"{sizes[dim]} % {block}"
         step = (
-            f"{block_value} = {emitter.cast(node.args[0], computed.name)}",
-            f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
-            f"    {block_value} = {_filled(block_value, start, sizes[dim], axis, identity(kind, dtype), rows)}",
+            f"{block_value} = {_filled(value, start, sizes[dim], axis, identity(kind, dtype), rows, ragged)}",
             f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start, elementwise)}",
         )
         finals = values
@@ -87,8 +87,8 @@ def stepped_reductions(
     return found
 
 
-def _filled(value: str, start: str, size: str, axis: int, identity: str, rows: bool) -> str:
-    """`value` with `identity` at its positions past `size`."""
+def _filled(value: str, start: str, size: str, axis: int, identity: str, rows: bool, ragged: str) -> str:
+    """`value` with `identity` at its positions past `size` when the last block is `ragged`."""
     if rows:
-        return f"rt.fill_past_rows({value}, {start}, {size}, {identity})"
-    return f"rt.fill_past({value}, {start}, {size}, {axis}, {identity})"
+        return f"rt.fill_past_rows({value}, {start}, {size}, {identity}, ragged={ragged})"
+    return f"rt.fill_past({value}, {start}, {size}, {axis}, {identity}, ragged={ragged})"

@@ -283,9 +283,12 @@ def mgpu_vector_positions(start, size, axis):
     return start + plgpu.broadcasted_iota(jnp.int32, (size,), 0, layout=layout)
 
 
-def mgpu_fill_past(value, start, size, axis, identity):
+def mgpu_fill_past(value, start, size, axis, identity, ragged=True):
     """`value` (a tile, or a vector along `axis` of one) with `identity` at the
-    positions along `axis` (from `start`) past `size`."""
+    positions along `axis` (from `start`) past `size`: never the padding that TMA copied
+    there. `value` itself where `ragged` is false (blocks tile `size`)."""
+    if not ragged:
+        return value
     if value.ndim == 1:
         positions = mgpu_vector_positions(start, value.shape[0], axis)
     else:
@@ -539,8 +542,9 @@ class Kernel:
       module was generated for (Mosaic GPU's None where it takes no such kernel). Each
       takes the arrays, and as keywords the sizes, params and `interpret` it names, and
       its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
-    - `vjp`: the backward pass, `vjp(saved, cotangents, **keywords)` (None: the kernel is
-      not differentiated by backward kernels); `saves`: the names of the arrays it reads,
+    - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
+      then the outputs' cotangents (None: the kernel is not differentiated by backward
+      kernels); `saves`: the names of the arrays it reads,
       by default the inputs; `residuals`: those of them that are neither inputs nor
       outputs, declared as `outputs` are, which the launchers write after the outputs when
       their `residuals` keyword is true (`with_residuals`), as the forward pass under
@@ -647,7 +651,12 @@ class Kernel:
             return forward(*arrays)
         given = {**params, **options}
         wanted = inspect.signature(self._vjp).parameters
-        backward = functools.partial(self._vjp, **{k: v for k, v in given.items() if k in wanted})
+        keywords = {k: v for k, v in given.items() if k in wanted}
+        several = len(self._outputs) > 1
+
+        def backward(saved, cotangents):
+            return self._vjp(*saved, *(cotangents if several else (cotangents,)), **keywords)
+
         saving = functools.partial(self._saving, forward=forward, given=given) if self._saves else None
         return differentiable(forward, backward, *arrays, saving=saving)
 
@@ -1117,8 +1126,12 @@ def nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
+def fill_past(value, start, size, axis, identity, ragged=True):
+    """`value` with `identity` at the positions along `axis` (from `start`) past `size`:
+    never what a ragged last block holds there (padding, or another block's values).
+    `value` itself where `ragged` is false (blocks tile `size`)."""
+    if not ragged:
+        return value
     positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
     return jnp.where(positions < size, value, identity)
 
@@ -1134,9 +1147,11 @@ def as_rows(value):
     return value.reshape(rows_shape(value.shape[0]))
 
 
-def fill_past_rows(value, start, size, identity):
+def fill_past_rows(value, start, size, identity, ragged=True):
     """`value`, a block held as `as_rows` holds it from position `start`, with
-    `identity` at the positions past `size`."""
+    `identity` at the positions past `size`; `value` itself where `ragged` is false."""
+    if not ragged:
+        return value
     positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
     if value.ndim == 2:
         positions += value.shape[1] * jax.lax.broadcasted_iota(jnp.int32, value.shape, 0)

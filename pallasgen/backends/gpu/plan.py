@@ -75,7 +75,6 @@ class GpuPlan:
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
     call_sizes: str  # the launcher's sizes, in the tuned entries' order
-    options_comment: tuple[str, ...]  # what the table of tuned entries holds
     grid: str
     grid_comment: tuple[str, ...]
     in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
@@ -110,13 +109,7 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
         key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
     chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
-    comment = f"Triton's {chosen} by GPU kind (None: the spec's) and sizes ({', '.join(dims)})."
-    return {
-        "tuned": tuple(tuned.items()),
-        "chosen": chosen,
-        "call_sizes": tuple_code([sizes[d] for d in dims]),
-        "options_comment": tuple(textwrap.wrap(comment, LINE_LENGTH - 4)),
-    }
+    return {"tuned": tuple(tuned.items()), "chosen": chosen, "call_sizes": tuple_code([sizes[d] for d in dims])}
 
 
 def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | None:

@@ -157,11 +157,10 @@ class _Lowering(FusedLowering):
             code = emitter.cast(value, "f32" if split and value is product.lhs else dtype)
             if masked:
                 name = self.namer.claim("operand")
-                lines += [
-                    f"{name} = {code}",
-                    f"if {self.ragged}:  # a ragged {self.checked.sweep.dim}: 0 past its end",
-                    f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.checked.sweep.dim]}, {contracts}, 0)",
-                ]
+                size = self.lowered.sizes[self.checked.sweep.dim]
+                lines.append(
+                    f"{name} = rt.mgpu_fill_past({code}, {self.start}, {size}, {contracts}, 0, ragged={self.ragged})"
+                )
                 code = name
             operands.append(code)
         keywords = []
@@ -218,11 +217,8 @@ class _Lowering(FusedLowering):
 
     def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
         dim = self.checked.sweep.dim
-        return [
-            f"{name} = {value}",
-            f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
-            f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[dim]}, {self._axis(node, dim)}, {fill})",
-        ]
+        axis, size = self._axis(node, dim), self.lowered.sizes[dim]
+        return [f"{name} = rt.mgpu_fill_past({value}, {self.start}, {size}, {axis}, {fill}, ragged={self.ragged})"]
 
     def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
         """The running max after this block (a vector); where it rescales others, the

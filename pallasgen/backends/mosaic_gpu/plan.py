@@ -102,9 +102,11 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
-        doc += [
-            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.",
-        ]
+        said = (
+            "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as"
+            f" _{checked.kernel.name}_mosaic_gpu_options chooses by GPU kind and sizes)."
+        )
+        doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     chooser = (Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),) if with_triton else ()
     return KeywordGroup((*chooser, *tunable), tuple(doc))
 
@@ -532,18 +534,11 @@ class _ProductPlanner(_Planner):
             values = dict(entry.blocks) | dict(entry.options)
             key = tuple(dict(entry.sizes)[d] for d in checked.dims)
             tuned.setdefault(entry.chip, {})[key] = tuple_code([str(values[w]) for w in what.values()])
-        comment = (
-            f"Mosaic GPU's {', '.join(chosen.values())} by GPU kind (None: built in) and sizes"
-            f" ({', '.join(checked.dims)})."
-        )
         rows = [f"None: {tuple_code([str(built_in[w]) for w in what.values()])}"]
         for kind, entries in tuned.items():
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
-        return (
-            *textwrap.wrap(comment, LINE_LENGTH - 2, initial_indent="# ", subsequent_indent="# "),
-            f"{self.table_name} = {{{', '.join(rows)}}}",
-        )
+        return (f"{self.table_name} = {{{', '.join(rows)}}}",)
 
     @property
     def table_name(self) -> str:

@@ -281,7 +281,6 @@ class SweepPlanner:
         emitter = self.emitter(in_block=True)
         size = self.sizes[self.swept]
         running, initial, update, results = [], [], [], []
-        positions = f"rt.mgpu_positions({self.start}, {self.shape}, {self.axis})"
         for node in nodes:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
             computed = compute_dtype(kind, dtype)
@@ -293,10 +292,9 @@ class SweepPlanner:
                 f"rt.mgpu_full({block_keyword(self.kept)}, {a.initial}, {a.dtype}, {1 - self.axis})" for a in accs
             ]
             block = f"{result}_block"
+            value, ragged = emitter.cast(node.args[0], computed.name), f"{size} % {block_keyword(self.swept)}"
             update += [
-                f"{block} = {emitter.cast(node.args[0], computed.name)}",
-                f"if {size} % {block_keyword(self.swept)}:  # a ragged {self.swept}: its identity past the end",
-                f"    {block} = jnp.where({positions} < {size}, {block}, {identity(kind, dtype)})",
+                f"{block} = rt.mgpu_fill_past({value}, {self.start}, {size}, {self.axis}, {identity(kind, dtype)}, ragged={ragged})",
                 f"{', '.join(names)} = {self._combined(kind, names, block)}",
             ]
             results.append(f"{result} = {finish_code(kind, names, dtype, size)}")
