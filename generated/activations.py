@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -83,13 +83,7 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, slope):
     rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
-_leaky_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_leaky_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
@@ -158,6 +152,7 @@ def _leaky_vjp(x, dy, dmask, *, slope, gpu_backend, interpret):
     params={"slope": jnp.float32},
     tpu=_leaky_tpu,
     triton=_leaky_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_leaky_mosaic_gpu,
     vjp=_leaky_vjp,
 )
@@ -227,13 +222,7 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
-_leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_leaky_backward_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
@@ -288,6 +277,7 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     params={"slope": jnp.float32},
     tpu=_leaky_backward_tpu,
     triton=_leaky_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_leaky_backward_mosaic_gpu,
 )
 def leaky_backward(x, dy, *, slope=0.01):
@@ -356,13 +346,7 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-_bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_bias_gelu_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -432,6 +416,7 @@ def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_tpu,
     triton=_bias_gelu_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_mosaic_gpu,
     vjp=_bias_gelu_vjp,
 )
@@ -519,13 +504,7 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
-_bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -594,6 +573,7 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_tpu,
     triton=_bias_gelu_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_mosaic_gpu,
 )
 def bias_gelu_backward(x, bias, scale, dy):
@@ -712,13 +692,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
     rt.store(dbias_ref, sum_m, inside)
 
 
-_bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
-
-
 def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -803,6 +777,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_m_tpu,
     triton=_bias_gelu_backward_over_m_gpu,
+    triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_over_m_mosaic_gpu,
 )
 def bias_gelu_backward_over_m(x, bias, scale, dy):
@@ -924,13 +899,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
     rt.store(dscale_ref, sum_n, inside)
 
 
-_bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
-
-
 def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -1015,6 +984,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_n_tpu,
     triton=_bias_gelu_backward_over_n_gpu,
+    triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_over_n_mosaic_gpu,
 )
 def bias_gelu_backward_over_n(x, bias, scale, dy):
@@ -1092,13 +1062,7 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
-_quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_quantize_rows_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1163,6 +1127,7 @@ def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_tpu,
     triton=_quantize_rows_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_mosaic_gpu,
     vjp=_quantize_rows_vjp,
 )

@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -80,11 +80,7 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     rt.store(z_ref, x + y, inside)
 
 
-_add_vectors_gpu_options = {None: (1024, 4, 1)}
-
-
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(_add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages))
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
@@ -145,6 +141,7 @@ def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"N": "n"},
     tpu=_add_vectors_tpu,
     triton=_add_vectors_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_add_vectors_mosaic_gpu,
     vjp=_add_vectors_vjp,
 )
@@ -206,13 +203,7 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
     rt.store(dy_ref, dz, inside)
 
 
-_add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
-
-
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(
-        _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_add_vectors_backward_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
@@ -265,6 +256,7 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
     sizes={"N": "n"},
     tpu=_add_vectors_backward_tpu,
     triton=_add_vectors_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_add_vectors_backward_mosaic_gpu,
 )
 def add_vectors_backward(dz):

@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -260,13 +260,7 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
     rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-_attention_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
@@ -412,6 +406,7 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
     params={"scale": jnp.float32},
     tpu=_attention_tpu,
     triton=_attention_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_mosaic_gpu,
     vjp=_attention_vjp,
     saves=("q", "k", "v", "o", "lse"),
@@ -688,15 +683,9 @@ def _attention_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-_attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_backward_dq_gpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
@@ -869,6 +858,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     params={"scale": jnp.float32},
     tpu=_attention_backward_dq_tpu,
     triton=_attention_backward_dq_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dq_mosaic_gpu,
 )
 def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
@@ -1163,15 +1153,9 @@ def _attention_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-_attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale),
@@ -1339,6 +1323,7 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     params={"scale": jnp.float32},
     tpu=_attention_backward_dkdv_tpu,
     triton=_attention_backward_dkdv_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dkdv_mosaic_gpu,
 )
 def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
@@ -1595,15 +1580,9 @@ def _attention_dq_gpu_kernel(
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
 
-_attention_dq_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
@@ -1769,6 +1748,7 @@ def _attention_dq_vjp(*saved_and_cotangents):
     params={"scale": jnp.float32},
     tpu=_attention_dq_tpu,
     triton=_attention_dq_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dq_mosaic_gpu,
     vjp=_attention_dq_vjp,
 )
@@ -2049,15 +2029,9 @@ def _attention_dkdv_gpu_kernel(
     rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
 
 
-_attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_dkdv_gpu_options, (t, s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
@@ -2229,6 +2203,7 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
     params={"scale": jnp.float32},
     tpu=_attention_dkdv_tpu,
     triton=_attention_dkdv_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dkdv_mosaic_gpu,
     vjp=_attention_dkdv_vjp,
 )
@@ -2415,15 +2390,9 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-_attention_full_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_gpu_options, (s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
@@ -2562,6 +2531,7 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
     triton=_attention_full_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_mosaic_gpu,
     vjp=_attention_full_vjp,
     saves=("q", "k", "v", "o", "lse"),
@@ -2726,15 +2696,9 @@ def _attention_full_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-_attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_full_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_full_backward_dq_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
@@ -2881,6 +2845,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dq_tpu,
     triton=_attention_full_backward_dq_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dq_mosaic_gpu,
 )
 def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
@@ -3046,15 +3011,9 @@ def _attention_full_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-_attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_full_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_full_backward_dkdv_gpu_options, (t, size_s, b, h, d), (block_t, block_s, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
@@ -3206,6 +3165,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dkdv_tpu,
     triton=_attention_full_backward_dkdv_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dkdv_mosaic_gpu,
 )
 def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
@@ -3472,15 +3432,9 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_gpu_options, (size_s, t, b, h, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_attention_bottom_right_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
@@ -3633,6 +3587,7 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_tpu,
     triton=_attention_bottom_right_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_mosaic_gpu,
     vjp=_attention_bottom_right_vjp,
     saves=("q", "k", "v", "o", "lse"),
@@ -3899,18 +3854,9 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-_attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_bottom_right_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_backward_dq_gpu_options,
-        (size_s, t, b, h, d),
-        (block_s, block_t, num_warps, num_stages),
-        16,
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
@@ -4079,6 +4025,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dq_tpu,
     triton=_attention_bottom_right_backward_dq_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dq_mosaic_gpu,
 )
 def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
@@ -4381,18 +4328,9 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
 
 
-_attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _attention_bottom_right_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, num_warps, num_stages, scale, interpret
 ):
-    block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _attention_bottom_right_backward_dkdv_gpu_options,
-        (t, size_s, b, h, d),
-        (block_t, block_s, num_warps, num_stages),
-        16,
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(
@@ -4567,6 +4505,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dkdv_tpu,
     triton=_attention_bottom_right_backward_dkdv_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dkdv_mosaic_gpu,
 )
 def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
@@ -4754,13 +4693,7 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
-_gqa_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, residuals, interpret):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
@@ -4900,6 +4833,7 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_tpu,
     triton=_gqa_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_mosaic_gpu,
     vjp=_gqa_vjp,
     saves=("q", "k", "v", "o", "lse"),
@@ -5055,15 +4989,9 @@ def _gqa_backward_dq_gpu_kernel(
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
-_gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _gqa_backward_dq_gpu(
     q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
-    block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_dq_gpu_options, (size_s, t, b, g, r, d), (block_s, block_t, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
@@ -5214,6 +5142,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_backward_dq_tpu,
     triton=_gqa_backward_dq_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dq_mosaic_gpu,
 )
 def gqa_backward_dq(q, k, v, o, do, lse):
@@ -5381,15 +5310,9 @@ def _gqa_backward_dkdv_gpu_kernel(
     rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
 
 
-_gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _gqa_backward_dkdv_gpu(
     q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, num_warps, num_stages, interpret
 ):
-    block_t, block_s, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_dkdv_gpu_options, (t, size_s, b, g, r, d), (block_t, block_s, num_warps, num_stages), 16
-    )
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
@@ -5543,6 +5466,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d", "S": "size_s"},
     tpu=_gqa_backward_dkdv_tpu,
     triton=_gqa_backward_dkdv_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dkdv_mosaic_gpu,
 )
 def gqa_backward_dkdv(q, k, v, do, lse, delta):
@@ -5650,15 +5574,9 @@ def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g,
     rt.store(dv_ref, jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
 
 
-_gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, None, 1)}
-
-
 def _gqa_backward_over_r_gpu(
     dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, block_d, num_warps, num_stages, interpret
 ):
-    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.triton_options(
-        _gqa_backward_over_r_gpu_options, (b, g, t, d, r), (block_b, block_g, block_t, block_d, num_warps, num_stages)
-    )
     block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_b * block_g * block_t * block_d * block_r)
@@ -5751,6 +5669,7 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
     tpu=_gqa_backward_over_r_tpu,
     triton=_gqa_backward_over_r_gpu,
+    triton_options=rt.GpuOptions({None: (1, 1, 1, 128, None, 1)}, ("B", "G", "T", "D", "R")),
     mosaic_gpu=_gqa_backward_over_r_mosaic_gpu,
 )
 def gqa_backward_over_r(dk_r, dv_r):
@@ -5850,13 +5769,7 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 
-_matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
-    block_m, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_gpu_options, (m, k, n), (block_m, block_k, num_warps, num_stages), 16
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
         functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -6030,6 +5943,7 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_softmax_tpu,
     triton=_matmul_softmax_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_mosaic_gpu,
     vjp=_matmul_softmax_vjp,
     saves=("x", "w", "y"),
@@ -6106,13 +6020,7 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     )
 
 
-_matmul_softmax_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -6197,6 +6105,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_matmul_softmax_backward_tpu,
     triton=_matmul_softmax_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_matmul_softmax_backward_mosaic_gpu,
 )
 def matmul_softmax_backward(y, dy):
@@ -6294,13 +6203,7 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
@@ -6381,6 +6284,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_softmax_backward_x_tpu,
     triton=_matmul_softmax_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_backward_x_mosaic_gpu,
 )
 def matmul_softmax_backward_x(dacc, w):
@@ -6480,13 +6384,7 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_softmax_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
@@ -6566,6 +6464,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_softmax_backward_w_tpu,
     triton=_matmul_softmax_backward_w_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_softmax_backward_w_mosaic_gpu,
 )
 def matmul_softmax_backward_w(x, dacc):
@@ -6660,13 +6559,7 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     )
 
 
-_rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
-
-
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages), 16
-    )
     block_k = max(16, pl.next_power_of_2(k))  # all of K in one masked block, at least a dot's depth
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -6830,6 +6723,7 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_rmsnorm_matmul_tpu,
     triton=_rmsnorm_matmul_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_rmsnorm_matmul_mosaic_gpu,
     vjp=_rmsnorm_matmul_vjp,
 )
@@ -6926,13 +6820,7 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
-_rmsnorm_matmul_lhs_gpu_options = {None: (1, None, 1)}
-
-
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
-    )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_k)
@@ -7038,6 +6926,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_tpu,
     triton=_rmsnorm_matmul_lhs_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_mosaic_gpu,
 )
 def rmsnorm_matmul_lhs(x, g):
@@ -7140,13 +7029,7 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n,
     rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_backward_lhs_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
@@ -7227,6 +7110,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_rmsnorm_matmul_backward_lhs_tpu,
     triton=_rmsnorm_matmul_backward_lhs_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_lhs_mosaic_gpu,
 )
 def rmsnorm_matmul_backward_lhs(dy, w):
@@ -7328,13 +7212,7 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, b
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_backward_w_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
@@ -7414,6 +7292,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_rmsnorm_matmul_backward_w_tpu,
     triton=_rmsnorm_matmul_backward_w_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_w_mosaic_gpu,
 )
 def rmsnorm_matmul_backward_w(lhs, dy):
@@ -7502,13 +7381,7 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-_rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
-    )
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_k)
@@ -7628,6 +7501,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_tpu,
     triton=_rmsnorm_matmul_lhs_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_mosaic_gpu,
 )
 def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
@@ -7740,15 +7614,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
     rt.store(dg_ref, sum_m, inside)
 
 
-_rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
-
-
 def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
-    block_m, block_k, num_warps, num_stages = rt.triton_options(
-        _rmsnorm_matmul_lhs_backward_over_m_gpu_options, (m, k), (block_m, block_k, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m),
         # One program per block of K; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -7825,6 +7693,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
     triton=_rmsnorm_matmul_lhs_backward_over_m_gpu,
+    triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu,
 )
 def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):

@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -119,13 +119,7 @@ def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_r
     rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
-_giou_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret):
-    block_b, block_n, num_warps, num_stages = rt.triton_options(
-        _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_giou_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
@@ -223,6 +217,7 @@ def _giou_vjp(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps, gpu_backend
     params={"eps": jnp.float32},
     tpu=_giou_tpu,
     triton=_giou_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("B", "N")),
     mosaic_gpu=_giou_mosaic_gpu,
     vjp=_giou_vjp,
 )
@@ -576,15 +571,9 @@ def _giou_backward_gpu_kernel(
     )
 
 
-_giou_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _giou_backward_gpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret
 ):
-    block_b, block_n, num_warps, num_stages = rt.triton_options(
-        _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_giou_backward_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
@@ -854,6 +843,7 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
     params={"eps": jnp.float32},
     tpu=_giou_backward_tpu,
     triton=_giou_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("B", "N")),
     mosaic_gpu=_giou_backward_mosaic_gpu,
 )
 def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):

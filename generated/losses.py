@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -187,13 +187,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
-_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
-
-
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, residuals, interpret):
-    block_m, block_v, num_warps, num_stages = rt.triton_options(
-        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
         # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
@@ -318,6 +312,7 @@ def _cross_entropy_vjp(logits, label, logsumexp_v, dloss, *, gpu_backend, interp
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_tpu,
     triton=_cross_entropy_gpu,
+    triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "V")),
     mosaic_gpu=_cross_entropy_mosaic_gpu,
     vjp=_cross_entropy_vjp,
     saves=("logits", "label", "logsumexp_v"),
@@ -410,15 +405,9 @@ def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, d
     rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
-_cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
-    block_m, block_v, num_warps, num_stages = rt.triton_options(
-        _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_gpu_kernel, m=m, v=v),
         # One program per block of M, block of V; programs run concurrently.
@@ -492,6 +481,7 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_backward_tpu,
     triton=_cross_entropy_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "V")),
     mosaic_gpu=_cross_entropy_backward_mosaic_gpu,
 )
 def cross_entropy_backward(logits, label, logsumexp_v, dloss):

@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -115,13 +115,7 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-_matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -201,6 +195,7 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_tpu,
     triton=_matmul_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_mosaic_gpu,
     vjp=_matmul_vjp,
 )
@@ -295,13 +290,7 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc, inside)
 
 
-_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
 def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
@@ -374,6 +363,7 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None,
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_backward_x_tpu,
     triton=_matmul_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_backward_x_mosaic_gpu,
 )
 def matmul_backward_x(dz, y):
@@ -465,13 +455,7 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     rt.store(dy_ref, acc, inside)
 
 
-_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
 def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     x = jnp.swapaxes(x, -1, -2)  # f32 wgmma reads K-major tiles only
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
@@ -548,6 +532,7 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None,
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_backward_y_tpu,
     triton=_matmul_backward_y_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_backward_y_mosaic_gpu,
 )
 def matmul_backward_y(x, dz):
@@ -660,13 +645,7 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
-_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
-
-
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, residuals, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -771,6 +750,7 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_tpu,
     triton=_matmul_relu_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_relu_mosaic_gpu,
     vjp=_matmul_relu_vjp,
     saves=("x", "y", "acc"),
@@ -885,13 +865,7 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
-_matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
@@ -1015,6 +989,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
     triton=_matmul_relu_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_relu_backward_x_mosaic_gpu,
 )
 def matmul_relu_backward_x(acc, dz, y):
@@ -1128,13 +1103,7 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
-_matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_relu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
@@ -1260,6 +1229,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
     triton=_matmul_relu_backward_y_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_relu_backward_y_mosaic_gpu,
 )
 def matmul_relu_backward_y(acc, dz, x):
@@ -1384,15 +1354,9 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n
     rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
-_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
 def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, residuals, interpret
 ):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
@@ -1500,6 +1464,7 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
     triton=_matmul_bias_gelu_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
     vjp=_matmul_bias_gelu_vjp,
     saves=("x", "y", "bias", "acc"),
@@ -1634,15 +1599,9 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-_matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
@@ -1778,6 +1737,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_bias_gelu_backward_x_tpu,
     triton=_matmul_bias_gelu_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_x_mosaic_gpu,
 )
 def matmul_bias_gelu_backward_x(acc, bias, dz, y):
@@ -1942,15 +1902,9 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy
     rt.store(dbias_ref, sum_m, (None, in_n))
 
 
-_matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _matmul_bias_gelu_backward_y_gpu_options, (k, n, m), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
@@ -2154,6 +2108,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_bias_gelu_backward_y_tpu,
     triton=_matmul_bias_gelu_backward_y_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_y_mosaic_gpu,
 )
 def matmul_bias_gelu_backward_y(acc, bias, dz, x):
@@ -2257,13 +2212,7 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-_matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), (16, 16, 32)
-    )
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -2343,6 +2292,7 @@ def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_int8_tpu,
     triton=_matmul_int8_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=(16, 16, 32)),
     mosaic_gpu=_matmul_int8_mosaic_gpu,
     vjp=_matmul_int8_vjp,
 )
@@ -2439,13 +2389,7 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     rt.store(z_ref, acc, inside)
 
 
-_batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
 def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_gpu_options, (m, n, k, b), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per element of B, block of M, block of N; each loops over K itself (Triton has no scratch
@@ -2528,6 +2472,7 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
     tpu=_batched_matmul_tpu,
     triton=_batched_matmul_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K", "B"), least=16),
     mosaic_gpu=_batched_matmul_mosaic_gpu,
     vjp=_batched_matmul_vjp,
 )
@@ -2636,13 +2581,7 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
-_batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_x_gpu_options, (m, k, n, b), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per element of B, block of M, block of K; programs run concurrently. Each loops over the
@@ -2766,6 +2705,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
     tpu=_batched_matmul_backward_x_tpu,
     triton=_batched_matmul_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_x_mosaic_gpu,
 )
 def batched_matmul_backward_x(dz, y):
@@ -2876,13 +2816,7 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
-_batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
-
-
 def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
-    block_k, block_n, block_m, num_warps, num_stages = rt.triton_options(
-        _batched_matmul_backward_y_gpu_options, (k, n, m, b), (block_k, block_n, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per element of B, block of K, block of N; programs run concurrently. Each loops over the
@@ -3007,6 +2941,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
     tpu=_batched_matmul_backward_y_tpu,
     triton=_batched_matmul_backward_y_gpu,
+    triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_y_mosaic_gpu,
 )
 def batched_matmul_backward_y(dz, x):
@@ -3092,13 +3027,7 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     rt.store(s_ref, acc * scale, inside)
 
 
-_scores_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
 def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
-    block_s, block_t, block_d, num_warps, num_stages = rt.triton_options(
-        _scores_gpu_options, (size_s, t, d, b), (block_s, block_t, block_d, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale),
         # One program per element of B, block of S, block of T; each loops over D itself (Triton has no scratch
@@ -3185,6 +3114,7 @@ def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
     params={"scale": jnp.float32},
     tpu=_scores_tpu,
     triton=_scores_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("S", "T", "D", "B"), least=16),
     mosaic_gpu=_scores_mosaic_gpu,
     vjp=_scores_vjp,
 )
@@ -3253,13 +3183,7 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
-_scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
-
-
 def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
-    block_b, block_s, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_epilogue_gpu_options, (b, s, t), (block_b, block_s, block_t, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_gpu_kernel, b=b, s=s, t=t, scale=scale),
         # One program per block of B, block of S, block of T; programs run concurrently.
@@ -3309,6 +3233,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     params={"scale": jnp.float32},
     tpu=_scores_backward_epilogue_tpu,
     triton=_scores_backward_epilogue_gpu,
+    triton_options=rt.GpuOptions({None: (1, 8, 128, 4, 1)}, ("B", "S", "T")),
     mosaic_gpu=_scores_backward_epilogue_mosaic_gpu,
 )
 def scores_backward_epilogue(ds, *, scale=0.125):
@@ -3402,13 +3327,7 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
-    block_s, block_d, block_t, num_warps, num_stages = rt.triton_options(
-        _scores_backward_q_gpu_options, (s, d, t, b), (block_s, block_d, block_t, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
         # One program per element of B, block of S, block of D; each loops over T itself (Triton has no scratch
@@ -3486,6 +3405,7 @@ def _scores_backward_q_mosaic_gpu(
     sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
     tpu=_scores_backward_q_tpu,
     triton=_scores_backward_q_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("S", "D", "T", "B"), least=16),
     mosaic_gpu=_scores_backward_q_mosaic_gpu,
 )
 def scores_backward_q(dacc, k):
@@ -3584,13 +3504,7 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
-    block_t, block_d, block_s, num_warps, num_stages = rt.triton_options(
-        _scores_backward_k_gpu_options, (t, d, s, b), (block_t, block_d, block_s, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
         # One program per element of B, block of T, block of D; each loops over S itself (Triton has no scratch
@@ -3669,6 +3583,7 @@ def _scores_backward_k_mosaic_gpu(
     sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
     tpu=_scores_backward_k_tpu,
     triton=_scores_backward_k_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("T", "D", "S", "B"), least=16),
     mosaic_gpu=_scores_backward_k_mosaic_gpu,
 )
 def scores_backward_k(dacc, q):
@@ -3771,13 +3686,7 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
-_linear_gpu_options = {None: (128, 128, 64, 8, 3)}
-
-
 def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
-    block_m, block_n, block_k, num_warps, num_stages = rt.triton_options(
-        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
@@ -3866,6 +3775,7 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
     triton=_linear_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_linear_mosaic_gpu,
     vjp=_linear_vjp,
 )
@@ -3959,13 +3869,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     rt.store(dbias_ref, sum_m, inside)
 
 
-_linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
-
-
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -4025,6 +3929,7 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_linear_backward_over_m_tpu,
     triton=_linear_backward_over_m_gpu,
+    triton_options=rt.GpuOptions({None: (32, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_linear_backward_over_m_mosaic_gpu,
 )
 def linear_backward_over_m(dy):
@@ -4116,13 +4021,7 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
-    block_m, block_k, block_n, num_warps, num_stages = rt.triton_options(
-        _linear_backward_x_gpu_options, (m, k, n), (block_m, block_k, block_n, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
@@ -4195,6 +4094,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None,
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_linear_backward_x_tpu,
     triton=_linear_backward_x_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_linear_backward_x_mosaic_gpu,
 )
 def linear_backward_x(dy, w):
@@ -4288,13 +4188,7 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
-_linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
-
-
 def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
-    block_n, block_k, block_m, num_warps, num_stages = rt.triton_options(
-        _linear_backward_w_gpu_options, (n, k, m), (block_n, block_k, block_m, num_warps, num_stages), 16
-    )
     return pl.pallas_call(
         functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
         # One program per block of N, block of K; each loops over M itself (Triton has no scratch memory).
@@ -4368,6 +4262,7 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None,
     sizes={"N": "n", "K": "k", "M": "m"},
     tpu=_linear_backward_w_tpu,
     triton=_linear_backward_w_gpu,
+    triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("N", "K", "M"), least=16),
     mosaic_gpu=_linear_backward_w_mosaic_gpu,
 )
 def linear_backward_w(dy, x):

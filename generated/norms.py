@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -129,13 +129,7 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_
     rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
-_layer_norm_gpu_options = {None: (1, None, 1)}
-
-
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -313,6 +307,7 @@ def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend,
     params={"eps": jnp.float32},
     tpu=_layer_norm_tpu,
     triton=_layer_norm_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_mosaic_gpu,
     vjp=_layer_norm_vjp,
     saves=("x", "w", "mu", "rstd", "mean_n"),
@@ -438,15 +433,9 @@ def _layer_norm_backward_gpu_kernel(
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-_layer_norm_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -650,6 +639,7 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
     params={"eps": jnp.float32},
     tpu=_layer_norm_backward_tpu,
     triton=_layer_norm_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_backward_mosaic_gpu,
 )
 def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
@@ -791,13 +781,7 @@ def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_r
     rt.store(db_ref, sum_over_m, inside)
 
 
-_layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
-
-
 def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -887,6 +871,7 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_layer_norm_backward_over_m_tpu,
     triton=_layer_norm_backward_over_m_gpu,
+    triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_backward_over_m_mosaic_gpu,
 )
 def layer_norm_backward_over_m(x, mu, rstd, dy):
@@ -977,11 +962,7 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
-_rms_norm_gpu_options = {None: (1, None, 1)}
-
-
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(_rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -1096,6 +1077,7 @@ def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
     params={"eps": jnp.float32},
     tpu=_rms_norm_tpu,
     triton=_rms_norm_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_mosaic_gpu,
     vjp=_rms_norm_vjp,
     saves=("x", "w", "mean_n"),
@@ -1188,13 +1170,7 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-_rms_norm_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -1315,6 +1291,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_tpu,
     triton=_rms_norm_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_backward_mosaic_gpu,
 )
 def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
@@ -1427,13 +1404,7 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     rt.store(dw_ref, sum_m, inside)
 
 
-_rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
-
-
 def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -1511,6 +1482,7 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_over_m_tpu,
     triton=_rms_norm_backward_over_m_gpu,
+    triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_backward_over_m_mosaic_gpu,
 )
 def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):

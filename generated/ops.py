@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -83,13 +83,7 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x + y, inside)
 
 
-_add_f32_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -150,6 +144,7 @@ def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_tpu,
     triton=_add_f32_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_f32_mosaic_gpu,
     vjp=_add_f32_vjp,
 )
@@ -212,13 +207,7 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz, inside)
 
 
-_add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -274,6 +263,7 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_backward_tpu,
     triton=_add_f32_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_f32_backward_mosaic_gpu,
 )
 def add_f32_backward(dz):
@@ -337,13 +327,7 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     rt.store(z_ref, x * y, inside)
 
 
-_mul_f32_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -404,6 +388,7 @@ def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_tpu,
     triton=_mul_f32_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_f32_mosaic_gpu,
     vjp=_mul_f32_vjp,
 )
@@ -477,13 +462,7 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     rt.store(dy_ref, dz * x, inside)
 
 
-_mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -546,6 +525,7 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
     triton=_mul_f32_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_f32_backward_mosaic_gpu,
 )
 def mul_f32_backward(x, y, dz):
@@ -604,13 +584,7 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-_argmax_f32_gpu_options = {None: (1, None, 1)}
-
-
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -682,6 +656,7 @@ def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_f32_tpu,
     triton=_argmax_f32_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_f32_mosaic_gpu,
     vjp=_argmax_f32_vjp,
 )
@@ -772,13 +747,7 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-_equal_count_f32_gpu_options = {None: (1024, 4, 1)}
-
-
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(
-        _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -844,6 +813,7 @@ def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
     sizes={"N": "size_n"},
     tpu=_equal_count_f32_tpu,
     triton=_equal_count_f32_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_f32_mosaic_gpu,
     vjp=_equal_count_f32_vjp,
 )
@@ -893,13 +863,7 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-_add_i32_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -959,6 +923,7 @@ def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_add_i32_tpu,
     triton=_add_i32_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i32_mosaic_gpu,
     vjp=_add_i32_vjp,
 )
@@ -1006,13 +971,7 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-_mul_i32_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1072,6 +1031,7 @@ def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i32_tpu,
     triton=_mul_i32_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i32_mosaic_gpu,
     vjp=_mul_i32_vjp,
 )
@@ -1126,13 +1086,7 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-_argmax_i32_gpu_options = {None: (1, None, 1)}
-
-
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -1204,6 +1158,7 @@ def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i32_tpu,
     triton=_argmax_i32_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i32_mosaic_gpu,
     vjp=_argmax_i32_vjp,
 )
@@ -1256,13 +1211,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-_equal_count_i32_gpu_options = {None: (1024, 4, 1)}
-
-
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(
-        _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -1328,6 +1277,7 @@ def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
     sizes={"N": "size_n"},
     tpu=_equal_count_i32_tpu,
     triton=_equal_count_i32_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i32_mosaic_gpu,
     vjp=_equal_count_i32_vjp,
 )
@@ -1383,13 +1333,7 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-_add_i8_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1449,6 +1393,7 @@ def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_add_i8_tpu,
     triton=_add_i8_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i8_mosaic_gpu,
     vjp=_add_i8_vjp,
 )
@@ -1502,13 +1447,7 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-_mul_i8_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1568,6 +1507,7 @@ def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i8_tpu,
     triton=_mul_i8_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i8_mosaic_gpu,
     vjp=_mul_i8_vjp,
 )
@@ -1627,11 +1567,7 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
-_argmax_i8_gpu_options = {None: (1, None, 1)}
-
-
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(_argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -1703,6 +1639,7 @@ def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i8_tpu,
     triton=_argmax_i8_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i8_mosaic_gpu,
     vjp=_argmax_i8_vjp,
 )
@@ -1779,13 +1716,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-_equal_count_i8_gpu_options = {None: (1024, 4, 1)}
-
-
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(
-        _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -1848,6 +1779,7 @@ def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
     sizes={"N": "size_n"},
     tpu=_equal_count_i8_tpu,
     triton=_equal_count_i8_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i8_mosaic_gpu,
     vjp=_equal_count_i8_vjp,
 )

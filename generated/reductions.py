@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -82,13 +82,7 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
-_argmax_rows_gpu_options = {None: (1, None, 1)}
-
-
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -162,6 +156,7 @@ def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_rows_tpu,
     triton=_argmax_rows_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
     vjp=_argmax_rows_vjp,
 )
@@ -261,13 +256,7 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, argmax_n, inside)
 
 
-_argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
-
-
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_n=block_n),
         # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -294,6 +283,7 @@ def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
     triton=_argmax_blocked_gpu,
+    triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
     vjp=_argmax_blocked_vjp,
 )
@@ -356,13 +346,7 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
-_argmin_rows_gpu_options = {None: (1, None, 1)}
-
-
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -434,6 +418,7 @@ def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_argmin_rows_tpu,
     triton=_argmin_rows_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmin_rows_mosaic_gpu,
     vjp=_argmin_rows_vjp,
 )
@@ -522,13 +507,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     rt.store(s_ref, sum_m, inside)
 
 
-_column_sums_gpu_options = {None: (64, 128, 4, 1)}
-
-
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m),
         # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
@@ -595,6 +574,7 @@ def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_tpu,
     triton=_column_sums_gpu,
+    triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_column_sums_mosaic_gpu,
     vjp=_column_sums_vjp,
 )
@@ -658,13 +638,7 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
-_column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_column_sums_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -719,6 +693,7 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_backward_tpu,
     triton=_column_sums_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_column_sums_backward_mosaic_gpu,
 )
 def column_sums_backward(x, ds):
@@ -812,13 +787,7 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-_quantize_rows_int8_gpu_options = {None: (1, None, 1)}
-
-
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -967,6 +936,7 @@ def _quantize_rows_int8_vjp(x, max_n, argmax_n, dq, dscale, *, gpu_backend, inte
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_tpu,
     triton=_quantize_rows_int8_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_int8_mosaic_gpu,
     vjp=_quantize_rows_int8_vjp,
     saves=("x", "max_n", "argmax_n"),
@@ -1060,15 +1030,9 @@ def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dsca
     rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-_quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
-
-
 def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
-    block_m, block_n, num_warps, num_stages = rt.triton_options(
-        _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
@@ -1140,6 +1104,7 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_backward_tpu,
     triton=_quantize_rows_int8_backward_gpu,
+    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_int8_backward_mosaic_gpu,
 )
 def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
@@ -1234,13 +1199,7 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     n_ref[...] = sum_n
 
 
-_equal_count_gpu_options = {None: (1024, 4, 1)}
-
-
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
-    block_n, num_warps, num_stages = rt.triton_options(
-        _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
-    )
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
@@ -1306,6 +1265,7 @@ def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
     sizes={"N": "size_n"},
     tpu=_equal_count_tpu,
     triton=_equal_count_gpu,
+    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_mosaic_gpu,
     vjp=_equal_count_vjp,
 )

@@ -11,10 +11,10 @@ A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, w
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as `_NAME_gpu_options` chooses, by rt.triton_options: per GPU
-kind (None: the spec's) and sizes, the values its launcher unpacks, in their order), gpu_backend
-("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where
-no kernel compiles, as on CPU).
+(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
+(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
+default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
+compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -119,11 +119,7 @@ def _softmax_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, 
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
-_softmax_gpu_options = {None: (1, None, 1)}
-
-
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages))
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -291,6 +287,7 @@ def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_tpu,
     triton=_softmax_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_softmax_mosaic_gpu,
     vjp=_softmax_vjp,
     saves=("x", "sum_n", "argmax_n", "max_n"),
@@ -386,13 +383,7 @@ def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_r
     )
 
 
-_softmax_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -552,6 +543,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_backward_tpu,
     triton=_softmax_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_softmax_backward_mosaic_gpu,
 )
 def softmax_backward(x, sum_n, argmax_n, max_n, dy):
@@ -637,13 +629,7 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     rt.store(y_ref, x - logsumexp_n, inside)
 
 
-_log_softmax_gpu_options = {None: (1, None, 1)}
-
-
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -749,6 +735,7 @@ def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_tpu,
     triton=_log_softmax_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_log_softmax_mosaic_gpu,
     vjp=_log_softmax_vjp,
     saves=("x", "logsumexp_n"),
@@ -823,13 +810,7 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     )
 
 
-_log_softmax_backward_gpu_options = {None: (1, None, 1)}
-
-
 def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret):
-    block_m, num_warps, num_stages = rt.triton_options(
-        _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
-    )
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_m * block_n)
@@ -925,6 +906,7 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_backward_tpu,
     triton=_log_softmax_backward_gpu,
+    triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_log_softmax_backward_mosaic_gpu,
 )
 def log_softmax_backward(x, logsumexp_n, dy):

@@ -149,10 +149,9 @@ def gpu_block_defaults(kernel_fn) -> dict[str, int]:
     """The kernel's `gpu_block_<dim>` keywords (among `kernel_fn.options`) and the spec's
     block for each: the built-in entry of its Triton launcher's table holds the blocks
     first, in the order of the launcher's `block_<dim>` keywords."""
-    namespace = kernel_fn.__wrapped__.__globals__
-    launcher = namespace[f"_{kernel_fn.__name__}_gpu"]
+    launcher = kernel_fn.__wrapped__.__globals__[f"_{kernel_fn.__name__}_gpu"]
     blocks = [name for name in inspect.signature(launcher).parameters if name.startswith("block_")]
-    table = namespace[f"_{kernel_fn.__name__}_gpu_options"]
+    table = kernel_fn.triton_options.table
     defaults = {public_keyword("triton", name): block for name, block in zip(blocks, table[None])}
     return {name: defaults[name] for name in kernel_fn.options if name.startswith("gpu_block_")}
 

@@ -125,7 +125,7 @@ kernel tuned {
 def test_gpu_statements_set_the_gpu_defaults_of_the_generated_function():
     """The spec's blocks and options are what a call passing none takes on a GPU not tuned for."""
     source = generate(SPEC % "gpu block M = 64, N = 32, K = 16\n    gpu warps = 2, stages = 4", "t.pallas", "t.pallas")
-    assert "_tuned_gpu_options = {None: (64, 32, 16, 2, 4)}" in source
+    assert "triton_options=rt.GpuOptions({None: (64, 32, 16, 2, 4)}" in source
 
 
 @pytest.mark.parametrize(

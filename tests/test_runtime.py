@@ -194,9 +194,9 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
 @pytest.mark.parametrize("module", modules())
 def test_every_runtime_function_a_module_calls_exists(module):
     """Also the GPU kernels' calls, which no CPU run of the module reaches; beside them a
-    module reads `rt.plgpu` and builds its TPU block tables as `rt.TpuBlocks`."""
+    module reads `rt.plgpu` and builds its tables of blocks as `rt.TpuBlocks` and `rt.GpuOptions`."""
     source = module_source(module)
-    assert runtime_calls(source) <= runtime_functions() | {"plgpu", "TpuBlocks"}
+    assert runtime_calls(source) <= runtime_functions() | {"plgpu", "TpuBlocks", "GpuOptions"}
 
 
 @pytest.mark.parametrize("module", modules())

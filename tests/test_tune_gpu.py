@@ -141,7 +141,7 @@ def test_a_call_without_gpu_blocks_takes_the_nearest_entry_tuned_for_its_gpu(pro
     big = gpu_entry(mm, H100, dict(M=4096, N=4096, K=4096), dict(M=128, N=64, K=32), {"warps": 8, "stages": 4})
     small = gpu_entry(mm, H100, dict(M=256, N=256, K=256), dict(M=32, N=32, K=16), {"warps": 2, "stages": 2})
     module = build_with_gpu_tuning(project, big, small)
-    table = module._mm_gpu_options
+    table = module.mm.triton_options.table
     assert table[None] == (64, 64, 32, 4, 3)
 
     def chosen(kind, sizes, given=(None,) * 5):

@@ -141,6 +141,18 @@ def gpu_options(table, sizes, given):
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
 
 
+class GpuOptions(NamedTuple):
+    """A Triton launcher's choices (its blocks, then num_warps and num_stages, in the order
+    of its keywords), which the public function makes before it calls the launcher
+    (`triton_options`): `table` maps a GPU kind to its tuned choices, by the sizes they
+    were tuned at, in the order of `dims`; None to the spec's. `least`: a block's least
+    (one for all, or one each)."""
+
+    table: dict
+    dims: tuple
+    least: object = 1
+
+
 def triton_options(table, sizes, given, least=1):
     """`gpu_options` of a Triton launcher, its blocks (the first of `given`, one for each
     of the first `sizes`) each a power of two from `least` (one for all, or one each) up
@@ -448,7 +460,9 @@ def on_platform(
     )
 
 
-def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residuals=None, saving=None, **launchers):
+def kernel(
+    *, inputs, outputs, sizes, params=None, triton_options=None, vjp=None, saves=None, residuals=None, saving=None, **launchers
+):
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
     launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
@@ -463,6 +477,7 @@ def kernel(*, inputs, outputs, sizes, params=None, vjp=None, saves=None, residua
             sizes=sizes,
             params=params or {},
             launchers=launchers,
+            triton_options=triton_options,
             vjp=vjp,
             saves=saves,
             residuals=declared_arrays(residuals or ()),
@@ -542,6 +557,8 @@ class Kernel:
       module was generated for (Mosaic GPU's None where it takes no such kernel). Each
       takes the arrays, and as keywords the sizes, params and `interpret` it names, and
       its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
+    - `triton_options`: the Triton launcher's table of blocks and options (`GpuOptions`),
+      from which the call chooses those it leaves None before it launches.
     - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
       then the outputs' cotangents (None: the kernel is not differentiated by backward
       kernels); `saves`: the names of the arrays it reads,
@@ -558,7 +575,9 @@ class Kernel:
     copied `trace` would trace this function rather than the wrapper.
     """
 
-    def __init__(self, reference, *, inputs, outputs, sizes, params, launchers, vjp, saves, residuals, saving):
+    def __init__(
+        self, reference, *, inputs, outputs, sizes, params, launchers, triton_options, vjp, saves, residuals, saving
+    ):
         functools.update_wrapper(self, reference)
         self.reference = reference
         self._inputs, self._outputs, self._sizes, self._params = inputs, outputs, sizes, params
@@ -575,6 +594,7 @@ class Kernel:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
+        self.triton_options = triton_options
 
         def call(*arrays, residuals=False, **keywords):
             return self._call(*arrays, residuals=residuals, **keywords)
@@ -670,7 +690,10 @@ class Kernel:
         for backend, (function, binding) in self._launchers.items():
             if residuals and "residuals" not in binding:  # a launcher that writes none: another backend's runs
                 function = None
-            kernels[backend] = None if function is None else functools.partial(function, **{k: given[v] for k, v in binding.items()})
+            keywords = {k: given[v] for k, v in binding.items()}
+            if backend == "triton" and self.triton_options is not None:
+                keywords = _with_triton_options(self.triton_options, keywords, binding, sizes)
+            kernels[backend] = None if function is None else functools.partial(function, **keywords)
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
         results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
@@ -707,6 +730,15 @@ class Kernel:
 
 _BLOCKS = ("block_", "gpu_block_")  # the TPU's and Triton's block keywords, checked by `check_blocks`
 _OPTION_DEFAULTS = {"gpu_backend": GPU_BACKENDS[0]}  # every other keyword's default is None
+
+
+def _with_triton_options(options, keywords, binding, sizes):
+    """A Triton launcher's keywords with its blocks, num_warps and num_stages chosen from
+    `options` (a `GpuOptions`) where the call gave None."""
+    chosen = [k for k, public in binding.items() if public.startswith("gpu_block_")] + ["num_warps", "num_stages"]
+    at = tuple(sizes[dim] for dim in options.dims)
+    values = triton_options(options.table, at, tuple(keywords[k] for k in chosen), options.least)
+    return keywords | dict(zip(chosen, values))
 
 
 def _launcher_binding(backend, function, sizes, params):

@@ -189,7 +189,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         row_warps=None,  # its tiles' products choose its warps
         prologue=(),
-        **tuned_fields(checked, sizes, tunable),
+        **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),

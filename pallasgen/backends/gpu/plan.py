@@ -73,8 +73,7 @@ class GpuPlan:
     row_warps: str | None  # the values a program holds of whole rows, where they choose its warps
     prologue: tuple[str, ...]  # the launcher's lines before its pallas_call (operands swapped K-major)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
-    chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
-    call_sizes: str  # the launcher's sizes, in the tuned entries' order
+    dims: tuple[str, ...]  # the dimensions of the tuned entries' sizes, in their order
     grid: str
     grid_comment: tuple[str, ...]
     in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
@@ -88,6 +87,19 @@ class GpuPlan:
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
 
+    @property
+    def options_table(self) -> str:
+        """The `rt.GpuOptions` the public function chooses the launcher's blocks and
+        options from: the spec's, and those tuned by GPU kind."""
+        built_in = tuple_code([*(str(b.default) for b in self.blocks), *(str(o[2]) for o in self.options)])
+        rows = [f"None: {built_in}", *(f"{kind!r}: {entries!r}" for kind, entries in self.tuned)]
+        least = sorted({b.smallest for b in self.blocks})
+        if len(least) > 1:
+            least_code = f", least={tuple_code([str(b.smallest) for b in self.blocks])}"
+        else:
+            least_code = f", least={least[0]}" if least and least[0] > 1 else ""
+        return f"rt.GpuOptions({{{', '.join(rows)}}}, {self.dims!r}{least_code})"
+
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
@@ -97,19 +109,18 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     return KeywordGroup((*blocks, *options), GPU_DOC)
 
 
-def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[str]) -> dict:
+def tuned_fields(checked: CheckedKernel, tunable: list[str]) -> dict:
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
-    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names. Sizes come
-    in the blocks' order, then the other dimensions' (`rt.triton_options` clamps each
-    block by its dimension's size)."""
+    `pallasgen tune --gpu` recorded, by device kind, and the order of their sizes: the
+    blocks' dimensions, then the others (`rt.triton_options` clamps each block by its
+    dimension's size)."""
     dims = [*tunable, *(d for d in checked.dims if d not in tunable)]
     tuned: dict[str, dict] = {}
     for entry in sorted(checked.tuned_for("gpu"), key=lambda t: (t.chip, t.sizes)):
         at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
         key = tuple(at[d] for d in dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
-    chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
-    return {"tuned": tuple(tuned.items()), "chosen": chosen, "call_sizes": tuple_code([sizes[d] for d in dims])}
+    return {"tuned": tuple(tuned.items()), "dims": tuple(dims)}
 
 
 def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | None:
@@ -318,7 +329,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         ),
         row_warps=row_warps,
         prologue=prologue,
-        **tuned_fields(checked, sizes, tunable),
+        **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
