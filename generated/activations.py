@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -41,17 +41,7 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-_leaky_tpu_blocks = rt.TpuBlocks(
-    "leaky",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-)
-
-
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
-    block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
@@ -151,6 +141,11 @@ def _leaky_vjp(x, dy, dmask, *, slope, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
+    ),
     triton=_leaky_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_leaky_mosaic_gpu,
@@ -162,7 +157,7 @@ def leaky(x, *, slope=0.01):
     `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _leaky_tpu_blocks chooses; the spec's: 1024, 1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
 
     Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
@@ -180,17 +175,7 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-_leaky_backward_tpu_blocks = rt.TpuBlocks(
-    "leaky_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-)
-
-
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
-    block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
@@ -276,6 +261,11 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
+    ),
     triton=_leaky_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_leaky_backward_mosaic_gpu,
@@ -285,7 +275,7 @@ def leaky_backward(x, dy, *, slope=0.01):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _leaky_backward_tpu_blocks chooses; the spec's: 1024, 1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
       slope: a static f32 (default 0.01).
     """
     pos = x > 0
@@ -300,17 +290,7 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
 
-_bias_gelu_tpu_blocks = rt.TpuBlocks(
-    "bias_gelu",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 8 * block_m * block_n + 8 * block_n + 8 * block_m),
-)
-
-
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + y 2.0 MiB).
     return pl.pallas_call(
         _bias_gelu_kernel,
@@ -415,6 +395,15 @@ def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
     outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (1024, 1024)},
+            "v5e": {(8192, 8192): (2048, 1024)},
+            "v6e": {(8192, 8192): (2048, 1024)},
+        },
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 8 * block_m * block_n + 8 * block_n + 8 * block_m),
+    ),
     triton=_bias_gelu_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_mosaic_gpu,
@@ -424,7 +413,7 @@ def bias_gelu(x, bias, scale):
     """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _bias_gelu_tpu_blocks chooses; the spec's: 1024, 1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
 
     Gradients: jax.grad runs the generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
     bias_gelu_backward_over_n (_bias_gelu_vjp).
@@ -449,17 +438,7 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-_bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
-    "bias_gelu_backward",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 8 * block_m),
-)
-
-
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
     # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
@@ -572,6 +551,11 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     outputs=("dx: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 8 * block_m),
+    ),
     triton=_bias_gelu_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_mosaic_gpu,
@@ -581,7 +565,7 @@ def bias_gelu_backward(x, bias, scale, dy):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_tpu_blocks chooses; the spec's: 1024, 1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     bias = bias[None, :]
     scale = scale[:, None]
@@ -621,17 +605,7 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
         dbias_ref[...] = sum_m
 
 
-_bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
-    "bias_gelu_backward_over_m",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 16 * block_n + 8 * block_m),
-)
-
-
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
     # 4.0 MiB.
@@ -776,6 +750,11 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_m_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 16 * block_n + 8 * block_m),
+    ),
     triton=_bias_gelu_backward_over_m_gpu,
     triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_over_m_mosaic_gpu,
@@ -785,8 +764,7 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_m_tpu_blocks chooses; the spec's: 1024,
-        1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = x.shape
     bias = bias[None, :]
@@ -828,17 +806,7 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
         dscale_ref[...] = sum_n
 
 
-_bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
-    "bias_gelu_backward_over_n",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 16 * block_m),
-)
-
-
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
     # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
     # 4.0 MiB.
@@ -983,6 +951,11 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     outputs=("dscale: f32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_n_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n + 16 * block_m),
+    ),
     triton=_bias_gelu_backward_over_n_gpu,
     triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "N")),
     mosaic_gpu=_bias_gelu_backward_over_n_mosaic_gpu,
@@ -992,8 +965,7 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
     of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _bias_gelu_backward_over_n_tpu_blocks chooses; the spec's: 1024,
-        1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = x.shape
     bias = bias[None, :]
@@ -1017,17 +989,7 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-_quantize_rows_tpu_blocks = rt.TpuBlocks(
-    "quantize_rows",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}, "v5e": {(8192, 8192): (2048, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
-)
-
-
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
     # let rounded 4.0 MiB.
     return pl.pallas_call(
@@ -1126,6 +1088,15 @@ def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
     outputs=("q: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (1024, 1024)},
+            "v5e": {(8192, 8192): (2048, 1024)},
+            "v6e": {(8192, 8192): (2048, 1024)},
+        },
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
+    ),
     triton=_quantize_rows_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_mosaic_gpu,
@@ -1136,7 +1107,7 @@ def quantize_rows(x, scale):
     clipped to the int8 range; NaN quantizes to 0.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _quantize_rows_tpu_blocks chooses; the spec's: 1024, 1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

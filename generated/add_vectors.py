@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -40,17 +40,7 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-_add_vectors_tpu_blocks = rt.TpuBlocks(
-    "add_vectors",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D f32", 128)},
-    chips={None: {"default": (1048576,)}, "v6e": {(16777216,): (2097152,)}},
-    step=lambda n, block_n: (block_n, 24 * block_n),
-)
-
-
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB).
     return pl.pallas_call(
         _add_vectors_kernel,
@@ -140,6 +130,11 @@ def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: f32[N]",),
     sizes={"N": "n"},
     tpu=_add_vectors_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D f32", 128)},
+        chips={None: {"default": (1048576,)}, "v6e": {(16777216,): (2097152,)}},
+        step=lambda n, block_n: (block_n, 24 * block_n),
+    ),
     triton=_add_vectors_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_add_vectors_mosaic_gpu,
@@ -149,7 +144,7 @@ def add_vectors(x, y):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Keywords:
-      block_n: TPU blocks (None: as _add_vectors_tpu_blocks chooses; the spec's: 1048576).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1048576).
 
     Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
     """
@@ -163,17 +158,7 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-_add_vectors_backward_tpu_blocks = rt.TpuBlocks(
-    "add_vectors_backward",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D f32", 128)},
-    chips={None: {"default": (1048576,)}},
-    step=lambda n, block_n: (block_n, 24 * block_n),
-)
-
-
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
     return pl.pallas_call(
         _add_vectors_backward_kernel,
@@ -255,6 +240,11 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
     outputs=("dx: f32[N]", "dy: f32[N]"),
     sizes={"N": "n"},
     tpu=_add_vectors_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D f32", 128)},
+        chips={None: {"default": (1048576,)}},
+        step=lambda n, block_n: (block_n, 24 * block_n),
+    ),
     triton=_add_vectors_backward_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_add_vectors_backward_mosaic_gpu,
@@ -264,7 +254,7 @@ def add_vectors_backward(dz):
     of its inputs from dz, those of its outputs.
 
     Keywords:
-      block_n: TPU blocks (None: as _add_vectors_backward_tpu_blocks chooses; the spec's: 1048576).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1048576).
     """
     dx = dz
     dy = dz

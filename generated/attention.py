@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -133,21 +133,7 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_attention_tpu_blocks = rt.TpuBlocks(
-    "attention",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        min(block_s, 256) * block_t,
-        12 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -405,6 +391,18 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t: (
+            min(block_s, 256) * block_t,
+            12 * block_s * d + 8 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, size_s, d, t: (
+            min(1 << (size_s.bit_length() - 1), 4096),
+            min(1 << (t.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_mosaic_gpu,
@@ -415,7 +413,7 @@ def attention(q, k, v, *, scale=0.125):
     """Causal attention, one pass over T per block of queries.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels attention_backward_dq, attention_backward_dkdv
@@ -546,21 +544,7 @@ def _attention_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-_attention_backward_dq_tpu_blocks = rt.TpuBlocks(
-    "attention_backward_dq",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        min(block_s, 256) * block_t,
-        20 * block_s * d + 8 * block_t * d + 24 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
 def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -857,6 +841,18 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dq_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 24 * block_s,
+        ),
+        bounds=lambda b, h, size_s, d, t: (
+            min(1 << (size_s.bit_length() - 1), 4096),
+            min(1 << (t.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dq_mosaic_gpu,
@@ -866,7 +862,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     dq, and delta = sum(do * o) per query: one pass over T.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_backward_dq_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -1018,21 +1014,7 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-_attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
-    "attention_backward_dkdv",
-    sizes=("B", "H", "T", "D", "S"),
-    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, t, d, size_s, block_t, block_s: (
-        min(block_t, 256) * block_s,
-        8 * block_s * d + 24 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, t, d, size_s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
-)
-
-
 def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret):
-    block_t, block_s = rt.tpu_blocks(_attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
@@ -1322,6 +1304,18 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_backward_dkdv_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, t, d, size_s, block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, t, d, size_s: (
+            min(1 << (t.bit_length() - 1), 4096),
+            min(1 << (size_s.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dkdv_mosaic_gpu,
@@ -1331,7 +1325,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     dk, dv: one pass over S.
 
     Keywords:
-      block_t, block_s: TPU blocks (None: as _attention_backward_dkdv_tpu_blocks chooses; the spec's: 128, 128).
+      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -1459,21 +1453,7 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-_attention_dq_tpu_blocks = rt.TpuBlocks(
-    "attention_dq",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        min(block_s, 256) * block_t,
-        20 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
 def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -1747,6 +1727,18 @@ def _attention_dq_vjp(*saved_and_cotangents):
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_dq_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, size_s, d, t: (
+            min(1 << (size_s.bit_length() - 1), 4096),
+            min(1 << (t.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dq_mosaic_gpu,
@@ -1759,7 +1751,7 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     query for the next kernel: one pass over T per block of queries.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_dq_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
@@ -1903,21 +1895,7 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-_attention_dkdv_tpu_blocks = rt.TpuBlocks(
-    "attention_dkdv",
-    sizes=("B", "H", "T", "D", "S"),
-    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, t, d, s, block_t, block_s: (
-        min(block_t, 256) * block_s,
-        8 * block_s * d + 24 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, t, d, s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
-)
-
-
 def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret):
-    block_t, block_s = rt.tpu_blocks(_attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s))
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
@@ -2202,6 +2180,15 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "s"},
     params={"scale": jnp.float32},
     tpu=_attention_dkdv_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, t, d, s, block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, t, d, s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
+    ),
     triton=_attention_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dkdv_mosaic_gpu,
@@ -2211,7 +2198,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """dk and dv: one pass over S per block of keys.
 
     Keywords:
-      block_t, block_s: TPU blocks (None: as _attention_dkdv_tpu_blocks chooses; the spec's: 128, 128).
+      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
@@ -2288,23 +2275,7 @@ def _attention_full_kernel(
             lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_attention_full_tpu_blocks = rt.TpuBlocks(
-    "attention_full",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, s, d, t, block_s, block_t, residuals: (
-        block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
-    ),
-    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
-)
-
-
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, residuals, interpret):
-    block_s, block_t = rt.tpu_blocks(
-        _attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t), residuals=residuals
-    )
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
     # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
@@ -2530,6 +2501,15 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
     sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, s, d, t, block_s, block_t, residuals: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+        ),
+        bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
+    ),
     triton=_attention_full_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_mosaic_gpu,
@@ -2541,7 +2521,7 @@ def attention_full(q, k, v, *, scale=0.125):
     """Attention without a mask: every query sees every key.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_full_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
@@ -2606,21 +2586,7 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-_attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
-    "attention_full_backward_dq",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        block_s * block_t,
-        20 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
-)
-
-
 def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
     # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
@@ -2844,6 +2810,15 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dq_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t: (
+            block_s * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+    ),
     triton=_attention_full_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dq_mosaic_gpu,
@@ -2853,8 +2828,7 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     dq, and delta = sum(do * o) per query: one pass over T.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_full_backward_dq_tpu_blocks chooses; the spec's: 128,
-        128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -2914,23 +2888,9 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-_attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
-    "attention_full_backward_dkdv",
-    sizes=("B", "H", "T", "D", "S"),
-    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, t, d, size_s, block_t, block_s: (
-        block_t * block_s,
-        8 * block_s * d + 24 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
-)
-
-
 def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    block_t, block_s = rt.tpu_blocks(_attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
     # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B.
     return pl.pallas_call(
@@ -3164,6 +3124,15 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_full_backward_dkdv_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, t, d, size_s, block_t, block_s: (
+            block_t * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+    ),
     triton=_attention_full_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dkdv_mosaic_gpu,
@@ -3173,8 +3142,7 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     dk, dv: one pass over S.
 
     Keywords:
-      block_t, block_s: TPU blocks (None: as _attention_full_backward_dkdv_tpu_blocks chooses; the spec's: 128,
-        128).
+      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -3298,23 +3266,7 @@ def _attention_bottom_right_kernel(
             lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_attention_bottom_right_tpu_blocks = rt.TpuBlocks(
-    "attention_bottom_right",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
-        min(block_s, 256) * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
-    block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t), residuals=residuals
-    )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -3586,6 +3538,18 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
+            min(block_s, 256) * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+        ),
+        bounds=lambda b, h, size_s, d, t: (
+            min(1 << (size_s.bit_length() - 1), 4096),
+            min(1 << (t.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_bottom_right_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_mosaic_gpu,
@@ -3597,7 +3561,7 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
     """Causal attention aligned at the bottom right: the last query sees every key.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_bottom_right_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels attention_bottom_right_backward_dq,
@@ -3721,25 +3685,9 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-_attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
-    "attention_bottom_right_backward_dq",
-    sizes=("B", "H", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, size_s, d, t, block_s, block_t: (
-        min(block_s, 256) * block_t,
-        20 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, size_s, d, t: (min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
-)
-
-
 def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
-    block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
-    )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -4024,6 +3972,18 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dq_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, size_s, d, t, block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, size_s, d, t: (
+            min(1 << (size_s.bit_length() - 1), 4096),
+            min(1 << (t.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_bottom_right_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dq_mosaic_gpu,
@@ -4033,8 +3993,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     dq, and delta = sum(do * o) per query: one pass over T.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _attention_bottom_right_backward_dq_tpu_blocks chooses; the spec's:
-        128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -4188,25 +4147,9 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-_attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
-    "attention_bottom_right_backward_dkdv",
-    sizes=("B", "H", "T", "D", "S"),
-    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
-    chips={None: {"default": (128, 128)}},
-    step=lambda b, h, t, d, size_s, block_t, block_s: (
-        min(block_t, 256) * block_s,
-        8 * block_s * d + 24 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, h, t, d, size_s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
-)
-
-
 def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    block_t, block_s = rt.tpu_blocks(
-        _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
-    )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
@@ -4504,6 +4447,18 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "size_s"},
     params={"scale": jnp.float32},
     tpu=_attention_bottom_right_backward_dkdv_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+        chips={None: {"default": (128, 128)}},
+        step=lambda b, h, t, d, size_s, block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, h, t, d, size_s: (
+            min(1 << (t.bit_length() - 1), 4096),
+            min(1 << (size_s.bit_length() - 1), 4096),
+        ),
+    ),
     triton=_attention_bottom_right_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dkdv_mosaic_gpu,
@@ -4513,8 +4468,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     dk, dv: one pass over S.
 
     Keywords:
-      block_t, block_s: TPU blocks (None: as _attention_bottom_right_backward_dkdv_tpu_blocks chooses; the
-        spec's: 128, 128).
+      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
@@ -4589,21 +4543,7 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
             lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-_gqa_tpu_blocks = rt.TpuBlocks(
-    "gqa",
-    sizes=("B", "G", "R", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 256)}},
-    step=lambda b, g, r, size_s, d, t, block_s, block_t, residuals: (
-        block_s * block_t,
-        12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
-    ),
-    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
-)
-
-
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, interpret):
-    block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t), residuals=residuals)
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
     # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
@@ -4832,6 +4772,15 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
     outputs=("o: bf16[B, G, R, S, D]",),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 256)}},
+        step=lambda b, g, r, size_s, d, t, block_s, block_t, residuals: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+        ),
+        bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+    ),
     triton=_gqa_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_mosaic_gpu,
@@ -4843,7 +4792,7 @@ def gqa(q, k, v):
     """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _gqa_tpu_blocks chooses; the spec's: 128, 256).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 256).
 
     Gradients: jax.grad runs the generated backward kernels gqa_backward_dq, gqa_backward_dkdv,
     gqa_backward_over_r (_gqa_vjp).
@@ -4894,21 +4843,7 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-_gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
-    "gqa_backward_dq",
-    sizes=("B", "G", "R", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
-    chips={None: {"default": (128, 256)}},
-    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
-        block_s * block_t,
-        20 * block_s * d + 8 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
-)
-
-
 def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    block_s, block_t = rt.tpu_blocks(_gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
     # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
     return pl.pallas_call(
@@ -5141,6 +5076,15 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     outputs=("dq: bf16[B, G, R, S, D]", "delta: f32[B, G, R, S] as [B, G, R, S, 1]"),
     sizes={"B": "b", "G": "g", "R": "r", "S": "size_s", "D": "d", "T": "t"},
     tpu=_gqa_backward_dq_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+        chips={None: {"default": (128, 256)}},
+        step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+            block_s * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+    ),
     triton=_gqa_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dq_mosaic_gpu,
@@ -5150,7 +5094,7 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     dq, and delta = sum(do * o) per query: one pass over T.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _gqa_backward_dq_tpu_blocks chooses; the spec's: 128, 256).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 256).
     """
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
@@ -5210,21 +5154,7 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-_gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
-    "gqa_backward_dkdv",
-    sizes=("B", "G", "R", "T", "D", "S"),
-    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
-    chips={None: {"default": (256, 128)}},
-    step=lambda b, g, r, t, d, size_s, block_t, block_s: (
-        block_t * block_s,
-        8 * block_s * d + 32 * block_t * d + 16 * block_s,
-    ),
-    bounds=lambda b, g, r, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
-)
-
-
 def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
-    block_t, block_s = rt.tpu_blocks(_gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s))
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
     # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
     return pl.pallas_call(
@@ -5465,6 +5395,15 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     outputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d", "S": "size_s"},
     tpu=_gqa_backward_dkdv_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+        chips={None: {"default": (256, 128)}},
+        step=lambda b, g, r, t, d, size_s, block_t, block_s: (
+            block_t * block_s,
+            8 * block_s * d + 32 * block_t * d + 16 * block_s,
+        ),
+        bounds=lambda b, g, r, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+    ),
     triton=_gqa_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dkdv_mosaic_gpu,
@@ -5474,7 +5413,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     dk, dv: one pass over S (per element of R, summed next).
 
     Keywords:
-      block_t, block_s: TPU blocks (None: as _gqa_backward_dkdv_tpu_blocks chooses; the spec's: 256, 128).
+      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 128).
     """
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
@@ -5507,22 +5446,7 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-_gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
-    "gqa_backward_over_r",
-    sizes=("B", "G", "R", "T", "D"),
-    tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
-    chips={None: {"default": (1, 1, 256)}},
-    step=lambda b, g, r, t, d, block_b, block_g, block_t: (
-        block_b * block_g * r * block_t * d,
-        24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
-    ),
-)
-
-
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
-    block_b, block_g, block_t = rt.tpu_blocks(
-        _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
-    )
     # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
     # 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a block 1.0 KiB.
     return pl.pallas_call(
@@ -5668,6 +5592,14 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     outputs=("dk: bf16[B, G, T, D] as [B, G, 1, T, D]", "dv: bf16[B, G, T, D] as [B, G, 1, T, D]"),
     sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
     tpu=_gqa_backward_over_r_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
+        chips={None: {"default": (1, 1, 256)}},
+        step=lambda b, g, r, t, d, block_b, block_g, block_t: (
+            block_b * block_g * r * block_t * d,
+            24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
+        ),
+    ),
     triton=_gqa_backward_over_r_gpu,
     triton_options=rt.GpuOptions({None: (1, 1, 1, 128, None, 1)}, ("B", "G", "T", "D", "R")),
     mosaic_gpu=_gqa_backward_over_r_mosaic_gpu,
@@ -5677,8 +5609,7 @@ def gqa_backward_over_r(dk_r, dv_r):
     dk, dv summed over R.
 
     Keywords:
-      block_b, block_g, block_t: TPU blocks (None: as _gqa_backward_over_r_tpu_blocks chooses; the spec's: 1, 1,
-        256).
+      block_b, block_g, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 1, 1, 256).
     """
     b, g, r, t, d = dk_r.shape
     dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
@@ -5708,21 +5639,7 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-_matmul_softmax_tpu_blocks = rt.TpuBlocks(
-    "matmul_softmax",
-    sizes=("M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
-    chips={None: {"default": (128, 512)}},
-    step=lambda m, n, k, block_m, block_k: (
-        block_m * block_k,
-        4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
-    ),
-    bounds=lambda m, n, k: (min(m, 1024), min(k, 1024)),
-)
-
-
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
     # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + acc_k_ref
     # 512 B.
     return pl.pallas_call(
@@ -5942,6 +5859,15 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
     outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_softmax_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
+        chips={None: {"default": (128, 512)}},
+        step=lambda m, n, k, block_m, block_k: (
+            block_m * block_k,
+            4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
+        ),
+        bounds=lambda m, n, k: (min(m, 1024), min(k, 1024)),
+    ),
     triton=_matmul_softmax_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_mosaic_gpu,
@@ -5952,7 +5878,7 @@ def matmul_softmax(x, w):
     """The `matmul_softmax` Pallas kernel.
 
     Keywords:
-      block_m, block_k: TPU blocks (None: as _matmul_softmax_tpu_blocks chooses; the spec's: 128, 512).
+      block_m, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 512).
 
     Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
     matmul_softmax_backward_w (_matmul_softmax_vjp).
@@ -5974,17 +5900,7 @@ def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-_matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
-    "matmul_softmax_backward",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (128,)}},
-    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n),
-)
-
-
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's 32-bit
     # copy of a block 512 B.
     return pl.pallas_call(
@@ -6104,6 +6020,11 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     outputs=("dacc: bf16[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_matmul_softmax_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (128,)}},
+        step=lambda m, n, block_m: (block_m * n, 24 * block_m * n),
+    ),
     triton=_matmul_softmax_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_matmul_softmax_backward_mosaic_gpu,
@@ -6113,7 +6034,7 @@ def matmul_softmax_backward(y, dy):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _matmul_softmax_backward_tpu_blocks chooses; the spec's: 128).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 128).
     """
     dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(jnp.bfloat16)
     return dacc
@@ -6144,22 +6065,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-_matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
-    "matmul_softmax_backward_x",
-    sizes=("M", "K", "N"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (128, 512, 512)},
-        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-    },
-)
-
-
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
     # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0 KiB) + f32 accumulator
     # 256.0 KiB + f32 product step 256.0 KiB.
     return pl.pallas_call(
@@ -6283,6 +6189,14 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_softmax_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (128, 512, 512)},
+            "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+            "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+        },
+    ),
     triton=_matmul_softmax_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_backward_x_mosaic_gpu,
@@ -6292,8 +6206,7 @@ def matmul_softmax_backward_x(dacc, w):
     its input x, from dacc, the cotangent of its product.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _matmul_softmax_backward_x_tpu_blocks chooses; the spec's:
-        128, 512, 512).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_softmax_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -6325,22 +6238,7 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-_matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
-    "matmul_softmax_backward_w",
-    sizes=("K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
-    chips={
-        None: {"default": (512, 512, 128)},
-        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-    },
-)
-
-
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
     # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0 KiB) + f32 accumulator
     # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
@@ -6463,6 +6361,14 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_softmax_backward_w_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+        chips={
+            None: {"default": (512, 512, 128)},
+            "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+            "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+        },
+    ),
     triton=_matmul_softmax_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_softmax_backward_w_mosaic_gpu,
@@ -6472,8 +6378,7 @@ def matmul_softmax_backward_w(x, dacc):
     its input w, from dacc, the cotangent of its product.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _matmul_softmax_backward_w_tpu_blocks chooses; the spec's:
-        512, 512, 128).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_softmax_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -6494,25 +6399,7 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     ).astype(jnp.bfloat16)
 
 
-_rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul",
-    sizes=("M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (256, 512)},
-        "v5e": {(1024, 1024, 1024): (256, 1024)},
-        "v6e": {(1024, 1024, 1024): (512, 1024)},
-    },
-    step=lambda m, n, k, block_m, block_n: (
-        block_m * block_n,
-        4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
-    ),
-    bounds=lambda m, n, k: (min(m, 1024), 512),
-)
-
-
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
     # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB).
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, k=k),
@@ -6722,6 +6609,19 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
     outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_rmsnorm_matmul_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (256, 512)},
+            "v5e": {(1024, 1024, 1024): (256, 1024)},
+            "v6e": {(1024, 1024, 1024): (512, 1024)},
+        },
+        step=lambda m, n, k, block_m, block_n: (
+            block_m * block_n,
+            4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
+        ),
+        bounds=lambda m, n, k: (min(m, 1024), 512),
+    ),
     triton=_rmsnorm_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_rmsnorm_matmul_mosaic_gpu,
@@ -6731,7 +6631,7 @@ def rmsnorm_matmul(x, g, w):
     """The `rmsnorm_matmul` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _rmsnorm_matmul_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
     rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m
@@ -6767,17 +6667,7 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-_rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul_lhs",
-    sizes=("M", "K"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (512,)}, "v6e": {(1024, 1024): (512,)}},
-    step=lambda m, k, block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
-)
-
-
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB) +
     # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
     return pl.pallas_call(
@@ -6925,6 +6815,11 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     outputs=("lhs: bf16[M, K]", "mean_k: f32[M] as [M, 1]"),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (512,)}, "v6e": {(1024, 1024): (512,)}},
+        step=lambda m, k, block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
+    ),
     triton=_rmsnorm_matmul_lhs_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_mosaic_gpu,
@@ -6934,7 +6829,7 @@ def rmsnorm_matmul_lhs(x, g):
     operand lhs, computed again from its inputs, and the row statistics its derivative reads.
 
     Keywords:
-      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_tpu_blocks chooses; the spec's: 256).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     g = g[None, :]
@@ -6970,22 +6865,7 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
         dlhs_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-_rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul_backward_lhs",
-    sizes=("M", "K", "N"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (256, 512, 512)},
-        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-    },
-)
-
-
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
     # 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
@@ -7109,6 +6989,14 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     outputs=("dlhs: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_rmsnorm_matmul_backward_lhs_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (256, 512, 512)},
+            "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+            "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+        },
+    ),
     triton=_rmsnorm_matmul_backward_lhs_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_lhs_mosaic_gpu,
@@ -7118,8 +7006,7 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     its input lhs, from dy, the cotangent of its product.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _rmsnorm_matmul_backward_lhs_tpu_blocks chooses; the
-        spec's: 256, 512, 512).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -7153,22 +7040,7 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-_rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul_backward_w",
-    sizes=("K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
-    chips={
-        None: {"default": (512, 512, 256)},
-        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-    },
-)
-
-
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
     # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
@@ -7291,6 +7163,14 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     outputs=("dw: bf16[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_rmsnorm_matmul_backward_w_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+        chips={
+            None: {"default": (512, 512, 256)},
+            "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+            "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+        },
+    ),
     triton=_rmsnorm_matmul_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_w_mosaic_gpu,
@@ -7300,8 +7180,7 @@ def rmsnorm_matmul_backward_w(lhs, dy):
     its input w, from dy, the cotangent of its product.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _rmsnorm_matmul_backward_w_tpu_blocks chooses; the spec's:
-        512, 512, 256).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 256).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _rmsnorm_matmul_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -7325,17 +7204,7 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-_rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul_lhs_backward",
-    sizes=("M", "K"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (256,)}, "v6e": {(1024, 1024): (256,)}},
-    step=lambda m, k, block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
-)
-
-
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
     # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let
     # dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
@@ -7500,6 +7369,11 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (256,)}, "v6e": {(1024, 1024): (256,)}},
+        step=lambda m, k, block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
+    ),
     triton=_rmsnorm_matmul_lhs_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_mosaic_gpu,
@@ -7509,7 +7383,7 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     of its inputs from dlhs, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_tpu_blocks chooses; the spec's: 256).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     g = g[None, :]
@@ -7549,17 +7423,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
         dg_ref[...] = sum_m
 
 
-_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
-    "rmsnorm_matmul_lhs_backward_over_m",
-    sizes=("M", "K"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (256,)}},
-    step=lambda m, k, block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
-)
-
-
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
     # + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB
     # + let dlhs_1 1.0 KiB.
@@ -7692,6 +7556,11 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     outputs=("dg: f32[K] as [1, K]",),
     sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (256,)}},
+        step=lambda m, k, block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
+    ),
     triton=_rmsnorm_matmul_lhs_backward_over_m_gpu,
     triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "K")),
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu,
@@ -7701,7 +7570,7 @@ def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
     of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Keywords:
-      block_m: TPU blocks (None: as _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks chooses; the spec's: 256).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     mean_k = mean_k[:, None]

@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -53,17 +53,7 @@ def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, 
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
-_giou_tpu_blocks = rt.TpuBlocks(
-    "giou",
-    sizes=("B", "N"),
-    tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 1024)}, "v6e": {(1024, 4096): (256, 1024)}},
-    step=lambda b, n, block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
-)
-
-
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
-    block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let
     # inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
@@ -216,6 +206,11 @@ def _giou_vjp(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps, gpu_backend
     sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 1024)}, "v6e": {(1024, 4096): (256, 1024)}},
+        step=lambda b, n, block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
+    ),
     triton=_giou_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("B", "N")),
     mosaic_gpu=_giou_mosaic_gpu,
@@ -228,7 +223,7 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
     element. `eps` keeps empty boxes from dividing by zero.
 
     Keywords:
-      block_b, block_n: TPU blocks (None: as _giou_tpu_blocks chooses; the spec's: 256, 1024).
+      block_b, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
 
     Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
@@ -361,17 +356,7 @@ def _giou_backward_kernel(
     )
 
 
-_giou_backward_tpu_blocks = rt.TpuBlocks(
-    "giou_backward",
-    sizes=("B", "N"),
-    tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 1024)}},
-    step=lambda b, n, block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
-)
-
-
 def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
-    block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB +
     # day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let area_a_2
@@ -842,6 +827,11 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
     sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 1024)}},
+        step=lambda b, n, block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
+    ),
     triton=_giou_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("B", "N")),
     mosaic_gpu=_giou_backward_mosaic_gpu,
@@ -851,7 +841,7 @@ def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
     of its inputs from dgiou, those of its outputs.
 
     Keywords:
-      block_b, block_n: TPU blocks (None: as _giou_backward_tpu_blocks chooses; the spec's: 256, 1024).
+      block_b, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 1024).
       eps: a static f32 (default 1e-07).
     """
     area_a_1 = ax2 - ax1

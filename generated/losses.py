@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -86,20 +86,7 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-_cross_entropy_tpu_blocks = rt.TpuBlocks(
-    "cross_entropy",
-    sizes=("M", "V"),
-    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (128, 16384)}, "v6e": {(4096, 32768): (128, 16384)}},
-    step=lambda m, v, block_m, block_v, residuals: (
-        block_m * block_v,
-        16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0),
-    ),
-)
-
-
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, interpret):
-    block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v), residuals=residuals)
     # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B + logsumexp_v 64 B)
     # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
     # logsumexp_v: only when the residuals are written.
@@ -311,6 +298,18 @@ def _cross_entropy_vjp(logits, label, logsumexp_v, dloss, *, gpu_backend, interp
     outputs=("loss: f32[M] as [M, 1]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
+        chips={
+            None: {"default": (16, 2048)},
+            "v5e": {(4096, 32768): (128, 16384)},
+            "v6e": {(4096, 32768): (128, 16384)},
+        },
+        step=lambda m, v, block_m, block_v, residuals: (
+            block_m * block_v,
+            16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0),
+        ),
+    ),
     triton=_cross_entropy_gpu,
     triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "V")),
     mosaic_gpu=_cross_entropy_mosaic_gpu,
@@ -323,7 +322,7 @@ def cross_entropy(logits, label):
     for one block: V is an arbitrary grid axis with running accumulators.
 
     Keywords:
-      block_m, block_v: TPU blocks (None: as _cross_entropy_tpu_blocks chooses; the spec's: 16, 2048).
+      block_m, block_v: TPU blocks (None: as its tpu_blocks choose; the spec's: 16, 2048).
 
     Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
@@ -351,17 +350,7 @@ def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-_cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
-    "cross_entropy_backward",
-    sizes=("M", "V"),
-    tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
-    chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (64, 16384)}, "v6e": {(4096, 32768): (64, 16384)}},
-    step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
-)
-
-
 def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
-    block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
     # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB.
     return pl.pallas_call(
@@ -480,6 +469,11 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
     outputs=("dlogits: bf16[M, V]",),
     sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
+        chips={None: {"default": (16, 2048)}, "v5e": {(4096, 32768): (64, 16384)}, "v6e": {(4096, 32768): (64, 16384)}},
+        step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
+    ),
     triton=_cross_entropy_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "V")),
     mosaic_gpu=_cross_entropy_backward_mosaic_gpu,
@@ -489,7 +483,7 @@ def cross_entropy_backward(logits, label, logsumexp_v, dloss):
     of its inputs from dloss, those of its outputs.
 
     Keywords:
-      block_m, block_v: TPU blocks (None: as _cross_entropy_backward_tpu_blocks chooses; the spec's: 16, 2048).
+      block_m, block_v: TPU blocks (None: as its tpu_blocks choose; the spec's: 16, 2048).
     """
     m, v = logits.shape
     label = label[:, None]

@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -58,20 +58,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-_matmul_tpu_blocks = rt.TpuBlocks(
-    "matmul",
-    sizes=("M", "N", "K"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (512, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (1024, 512, 4096)},
-        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    },
-)
-
-
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
     # f32 product step 2.0 MiB.
     return pl.pallas_call(
@@ -194,6 +181,14 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={
+            None: {"default": (512, 1024, 1024)},
+            "v5e": {(4096, 4096, 4096): (1024, 512, 4096)},
+            "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+        },
+    ),
     triton=_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_mosaic_gpu,
@@ -203,7 +198,7 @@ def matmul(x, y):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_tpu_blocks chooses; the spec's: 512, 1024, 1024).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -237,16 +232,7 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
         dx_ref[...] = acc_n
 
 
-_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
-    "matmul_backward_x",
-    sizes=("M", "K", "N"),
-    tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
-)
-
-
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(_matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
     # + f32 product step 2.0 MiB.
     return pl.pallas_call(
@@ -362,6 +348,10 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None,
     outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
+    ),
     triton=_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_backward_x_mosaic_gpu,
@@ -371,8 +361,7 @@ def matmul_backward_x(dz, y):
     its input x, from dz, the cotangent of its product.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _matmul_backward_x_tpu_blocks chooses; the spec's: 512,
-        1024, 1024).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -402,16 +391,7 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
         dy_ref[...] = acc_m
 
 
-_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
-    "matmul_backward_y",
-    sizes=("K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
-    chips={None: {"default": (1024, 1024, 512)}, "v6e": {"default": (1024, 1024, 1024)}},
-)
-
-
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(_matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
     return pl.pallas_call(
@@ -531,6 +511,10 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None,
     outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_backward_y_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
+        chips={None: {"default": (1024, 1024, 512)}, "v6e": {"default": (1024, 1024, 1024)}},
+    ),
     triton=_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_backward_y_mosaic_gpu,
@@ -540,8 +524,7 @@ def matmul_backward_y(x, dz):
     its input y, from dz, the cotangent of its product.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _matmul_backward_y_tpu_blocks chooses; the spec's: 1024,
-        1024, 512).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_backward_y_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -572,20 +555,7 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-_matmul_relu_tpu_blocks = rt.TpuBlocks(
-    "matmul_relu",
-    sizes=("M", "N", "K"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (256, 512, 512)},
-        "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
-        "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
-    },
-)
-
-
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
     # accumulator 512.0 KiB + f32 product step 512.0 KiB. acc: only when the residuals are written.
     return pl.pallas_call(
@@ -749,6 +719,14 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
     outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={
+            None: {"default": (256, 512, 512)},
+            "v5e": {"default": (512, 512, 512), (4096, 4096, 4096): (1024, 512, 4096)},
+            "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+        },
+    ),
     triton=_matmul_relu_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_relu_mosaic_gpu,
@@ -760,8 +738,7 @@ def matmul_relu(x, y):
     """The quickstart's matmul with a fused activation.
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_relu_tpu_blocks chooses; the spec's: 256, 512,
-        512).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_relu_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -797,23 +774,7 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
         dx_ref[...] = acc_n
 
 
-_matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
-    "matmul_relu_backward_x",
-    sizes=("M", "K", "N"),
-    tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512, 512)}},
-    step=lambda m, k, n, block_m, block_k, block_n: (
-        block_m * block_k * block_n,
-        16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
-    ),
-    bounds=lambda m, k, n: (min(m, 1024), 512, min(n, 1024)),
-)
-
-
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
     # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) +
     # acc_n_ref 512.0 KiB.
     return pl.pallas_call(
@@ -988,6 +949,15 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     outputs=("dx: f32[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512, 512)}},
+        step=lambda m, k, n, block_m, block_k, block_n: (
+            block_m * block_k * block_n,
+            16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
+        ),
+        bounds=lambda m, k, n: (min(m, 1024), 512, min(n, 1024)),
+    ),
     triton=_matmul_relu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_relu_backward_x_mosaic_gpu,
@@ -997,8 +967,7 @@ def matmul_relu_backward_x(acc, dz, y):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _matmul_relu_backward_x_tpu_blocks chooses; the spec's:
-        256, 512, 512).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -1035,23 +1004,7 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
         dy_ref[...] = acc_m
 
 
-_matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
-    "matmul_relu_backward_y",
-    sizes=("K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
-    chips={None: {"default": (512, 512, 256)}},
-    step=lambda k, n, m, block_k, block_n, block_m: (
-        block_k * block_n * block_m,
-        16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
-    ),
-    bounds=lambda k, n, m: (min(k, 1024), 512, min(m, 1024)),
-)
-
-
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) +
     # acc_m_ref 1.0 MiB.
     return pl.pallas_call(
@@ -1228,6 +1181,15 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     outputs=("dy: f32[K, N]",),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
+        chips={None: {"default": (512, 512, 256)}},
+        step=lambda k, n, m, block_k, block_n, block_m: (
+            block_k * block_n * block_m,
+            16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
+        ),
+        bounds=lambda k, n, m: (min(k, 1024), 512, min(m, 1024)),
+    ),
     triton=_matmul_relu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_relu_backward_y_mosaic_gpu,
@@ -1237,8 +1199,7 @@ def matmul_relu_backward_y(acc, dz, x):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _matmul_relu_backward_y_tpu_blocks chooses; the spec's:
-        512, 512, 256).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 256).
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -1274,24 +1235,7 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-_matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
-    "matmul_bias_gelu",
-    sizes=("M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (512, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
-        "v6e": {
-            "default": (1024, 1024, 1024),
-            (4096, 4096, 4096): (1024, 1024, 4096),
-            (8192, 8192, 8192): (1024, 1024, 1024),
-        },
-    },
-)
-
-
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
     # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. acc: only when the residuals are written.
     return pl.pallas_call(
@@ -1463,6 +1407,18 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
     outputs=("z: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={
+            None: {"default": (512, 1024, 1024)},
+            "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+            "v6e": {
+                "default": (1024, 1024, 1024),
+                (4096, 4096, 4096): (1024, 1024, 4096),
+                (8192, 8192, 8192): (1024, 1024, 1024),
+            },
+        },
+    ),
     triton=_matmul_bias_gelu_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
@@ -1474,8 +1430,7 @@ def matmul_bias_gelu(x, y, bias):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_bias_gelu_tpu_blocks chooses; the spec's: 512,
-        1024, 1024).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_bias_gelu_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -1518,27 +1473,7 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-_matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
-    "matmul_bias_gelu_backward_x",
-    sizes=("M", "K", "N"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={
-        None: {"default": (512, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (2048, 4096, 128)},
-        "v6e": {(4096, 4096, 4096): (1024, 4096, 512)},
-    },
-    step=lambda m, k, n, block_m, block_k, block_n: (
-        block_m * block_k * block_n,
-        12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-    ),
-    bounds=lambda m, k, n: (min(m, 1024), 1024, min(n, 1024)),
-)
-
-
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
-    )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
     # MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
@@ -1736,6 +1671,19 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_bias_gelu_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={
+            None: {"default": (512, 1024, 1024)},
+            "v5e": {(4096, 4096, 4096): (2048, 4096, 128)},
+            "v6e": {(4096, 4096, 4096): (1024, 4096, 512)},
+        },
+        step=lambda m, k, n, block_m, block_k, block_n: (
+            block_m * block_k * block_n,
+            12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+        ),
+        bounds=lambda m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+    ),
     triton=_matmul_bias_gelu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_x_mosaic_gpu,
@@ -1745,8 +1693,7 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _matmul_bias_gelu_backward_x_tpu_blocks chooses; the
-        spec's: 512, 1024, 1024).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -1804,27 +1751,7 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-_matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
-    "matmul_bias_gelu_backward_y",
-    sizes=("K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
-    chips={
-        None: {"default": (1024, 1024, 512)},
-        "v5e": {(4096, 4096, 4096): (4096, 512, 1024)},
-        "v6e": {(4096, 4096, 4096): (4096, 512, 1024)},
-    },
-    step=lambda k, n, m, block_k, block_n, block_m: (
-        block_k * block_n * block_m,
-        12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-    ),
-    bounds=lambda k, n, m: (min(k, 1024), 1024, min(m, 1024)),
-)
-
-
 def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
-    )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
     # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB.
     return pl.pallas_call(
@@ -2107,6 +2034,19 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     outputs=("dy: bf16[K, N]", "dbias: f32[N] as [1, N]"),
     sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_bias_gelu_backward_y_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+        chips={
+            None: {"default": (1024, 1024, 512)},
+            "v5e": {(4096, 4096, 4096): (4096, 512, 1024)},
+            "v6e": {(4096, 4096, 4096): (4096, 512, 1024)},
+        },
+        step=lambda k, n, m, block_k, block_n, block_m: (
+            block_k * block_n * block_m,
+            12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+        ),
+        bounds=lambda k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+    ),
     triton=_matmul_bias_gelu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_y_mosaic_gpu,
@@ -2116,8 +2056,7 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _matmul_bias_gelu_backward_y_tpu_blocks chooses; the
-        spec's: 1024, 1024, 512).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -2159,16 +2098,7 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-_matmul_int8_tpu_blocks = rt.TpuBlocks(
-    "matmul_int8",
-    sizes=("M", "N", "K"),
-    tiling={"M": (32, "i8 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
-)
-
-
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
     # + i32 product step 2.0 MiB.
     return pl.pallas_call(
@@ -2291,6 +2221,10 @@ def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_int8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
+    ),
     triton=_matmul_int8_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=(16, 16, 32)),
     mosaic_gpu=_matmul_int8_mosaic_gpu,
@@ -2300,8 +2234,7 @@ def matmul_int8(x, y):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _matmul_int8_tpu_blocks chooses; the spec's: 512, 1024,
-        1024).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _matmul_int8_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -2332,20 +2265,7 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         z_ref[...] = acc_k
 
 
-_batched_matmul_tpu_blocks = rt.TpuBlocks(
-    "batched_matmul",
-    sizes=("B", "M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (512, 1024, 1024)},
-        "v5e": {(8, 2048, 2048, 2048): (1024, 1024, 2048)},
-        "v6e": {"default": (1024, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
-    },
-)
-
-
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
     # f32 product step 2.0 MiB.
     return pl.pallas_call(
@@ -2471,6 +2391,14 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: f32[B, M, N]",),
     sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
     tpu=_batched_matmul_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={
+            None: {"default": (512, 1024, 1024)},
+            "v5e": {(8, 2048, 2048, 2048): (1024, 1024, 2048)},
+            "v6e": {"default": (1024, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
+        },
+    ),
     triton=_batched_matmul_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K", "B"), least=16),
     mosaic_gpu=_batched_matmul_mosaic_gpu,
@@ -2480,8 +2408,7 @@ def batched_matmul(x, y):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _batched_matmul_tpu_blocks chooses; the spec's: 512, 1024,
-        1024).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _batched_matmul_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -2516,23 +2443,7 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-_batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
-    "batched_matmul_backward_x",
-    sizes=("B", "M", "K", "N"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={None: {"default": (512, 1024, 1024)}},
-    step=lambda b, m, k, n, block_m, block_k, block_n: (
-        block_m * block_k * block_n,
-        8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-    ),
-    bounds=lambda b, m, k, n: (min(m, 1024), 1024, min(n, 1024)),
-)
-
-
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(
-        _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
-    )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
@@ -2704,6 +2615,15 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     outputs=("dx: bf16[B, M, K]",),
     sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
     tpu=_batched_matmul_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={None: {"default": (512, 1024, 1024)}},
+        step=lambda b, m, k, n, block_m, block_k, block_n: (
+            block_m * block_k * block_n,
+            8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+        ),
+        bounds=lambda b, m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+    ),
     triton=_batched_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_x_mosaic_gpu,
@@ -2713,8 +2633,7 @@ def batched_matmul_backward_x(dz, y):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _batched_matmul_backward_x_tpu_blocks chooses; the spec's:
-        512, 1024, 1024).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
     """
     b, m, n = dz.shape
     k = y.shape[1]
@@ -2751,23 +2670,7 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-_batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
-    "batched_matmul_backward_y",
-    sizes=("B", "K", "N", "M"),
-    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
-    chips={None: {"default": (1024, 1024, 512)}},
-    step=lambda b, k, n, m, block_k, block_n, block_m: (
-        block_k * block_n * block_m,
-        8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-    ),
-    bounds=lambda b, k, n, m: (min(k, 1024), 1024, min(m, 1024)),
-)
-
-
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    block_k, block_n, block_m = rt.tpu_blocks(
-        _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
-    )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + acc_m_ref 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
@@ -2940,6 +2843,15 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     outputs=("dy: bf16[B, K, N]",),
     sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
     tpu=_batched_matmul_backward_y_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+        chips={None: {"default": (1024, 1024, 512)}},
+        step=lambda b, k, n, m, block_k, block_n, block_m: (
+            block_k * block_n * block_m,
+            8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+        ),
+        bounds=lambda b, k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+    ),
     triton=_batched_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_y_mosaic_gpu,
@@ -2949,8 +2861,7 @@ def batched_matmul_backward_y(dz, x):
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as _batched_matmul_backward_y_tpu_blocks chooses; the spec's:
-        1024, 1024, 512).
+      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
     """
     b, m, n = dz.shape
     k = x.shape[2]
@@ -2974,16 +2885,7 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     ) * scale
 
 
-_scores_tpu_blocks = rt.TpuBlocks(
-    "scores",
-    sizes=("B", "S", "T", "D"),
-    tiling={"S": (16, "bf16 rows"), "T": (128, "lanes")},
-    chips={None: {"default": (128, 128)}, "v5e": {"default": (512, 512)}, "v6e": {"default": (1024, 1024)}},
-)
-
-
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
-    block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
@@ -3113,6 +3015,10 @@ def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
     sizes={"B": "b", "S": "size_s", "T": "t", "D": "d"},
     params={"scale": jnp.float32},
     tpu=_scores_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "T": (128, "lanes")},
+        chips={None: {"default": (128, 128)}, "v5e": {"default": (512, 512)}, "v6e": {"default": (1024, 1024)}},
+    ),
     triton=_scores_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("S", "T", "D", "B"), least=16),
     mosaic_gpu=_scores_mosaic_gpu,
@@ -3122,7 +3028,7 @@ def scores(q, k, *, scale=0.125):
     """Attention scores: q against every key, scaled; D is taken whole.
 
     Keywords:
-      block_s, block_t: TPU blocks (None: as _scores_tpu_blocks chooses; the spec's: 128, 128).
+      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _scores_mosaic_gpu_options chooses by GPU kind and sizes).
       scale: a static f32 (default 0.125).
@@ -3140,19 +3046,7 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-_scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
-    "scores_backward_epilogue",
-    sizes=("B", "S", "T"),
-    tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
-    chips={None: {"default": (1, 128, 128)}},
-    step=lambda b, s, t, block_b, block_s, block_t: (block_b * block_s * block_t, 12 * block_b * block_s * block_t),
-)
-
-
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
-    block_b, block_s, block_t = rt.tpu_blocks(
-        _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
-    )
     # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
@@ -3232,6 +3126,11 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     sizes={"B": "b", "S": "s", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_scores_backward_epilogue_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
+        chips={None: {"default": (1, 128, 128)}},
+        step=lambda b, s, t, block_b, block_s, block_t: (block_b * block_s * block_t, 12 * block_b * block_s * block_t),
+    ),
     triton=_scores_backward_epilogue_gpu,
     triton_options=rt.GpuOptions({None: (1, 8, 128, 4, 1)}, ("B", "S", "T")),
     mosaic_gpu=_scores_backward_epilogue_mosaic_gpu,
@@ -3241,8 +3140,7 @@ def scores_backward_epilogue(ds, *, scale=0.125):
     of its inputs from ds, those of its outputs.
 
     Keywords:
-      block_b, block_s, block_t: TPU blocks (None: as _scores_backward_epilogue_tpu_blocks chooses; the spec's:
-        1, 128, 128).
+      block_b, block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 1, 128, 128).
       scale: a static f32 (default 0.125).
     """
     dacc = (ds * scale).astype(jnp.bfloat16)
@@ -3270,20 +3168,7 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-_scores_backward_q_tpu_blocks = rt.TpuBlocks(
-    "scores_backward_q",
-    sizes=("B", "S", "D", "T"),
-    tiling={"S": (16, "bf16 rows"), "D": (128, "lanes"), "T": (128, "lanes")},
-    chips={
-        None: {"default": (128, 128, 128)},
-        "v5e": {"default": (512, 512, 512)},
-        "v6e": {"default": (1024, 1024, 1024)},
-    },
-)
-
-
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
-    block_s, block_d, block_t = rt.tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
     # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
@@ -3404,6 +3289,14 @@ def _scores_backward_q_mosaic_gpu(
     outputs=("dq: bf16[B, S, D]",),
     sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
     tpu=_scores_backward_q_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"S": (16, "bf16 rows"), "D": (128, "lanes"), "T": (128, "lanes")},
+        chips={
+            None: {"default": (128, 128, 128)},
+            "v5e": {"default": (512, 512, 512)},
+            "v6e": {"default": (1024, 1024, 1024)},
+        },
+    ),
     triton=_scores_backward_q_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("S", "D", "T", "B"), least=16),
     mosaic_gpu=_scores_backward_q_mosaic_gpu,
@@ -3413,8 +3306,7 @@ def scores_backward_q(dacc, k):
     its input q, from dacc, the cotangent of its product.
 
     Keywords:
-      block_s, block_d, block_t: TPU blocks (None: as _scores_backward_q_tpu_blocks chooses; the spec's: 128,
-        128, 128).
+      block_s, block_d, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _scores_backward_q_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -3446,20 +3338,7 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
         dk_ref[...] = acc_s.astype(jnp.bfloat16)
 
 
-_scores_backward_k_tpu_blocks = rt.TpuBlocks(
-    "scores_backward_k",
-    sizes=("B", "T", "D", "S"),
-    tiling={"T": (128, "lanes"), "D": (128, "lanes"), "S": (16, "bf16 rows")},
-    chips={
-        None: {"default": (128, 128, 128)},
-        "v5e": {"default": (512, 512, 512)},
-        "v6e": {"default": (1024, 1024, 1024)},
-    },
-)
-
-
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
-    block_t, block_d, block_s = rt.tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s))
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
     # 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
@@ -3582,6 +3461,14 @@ def _scores_backward_k_mosaic_gpu(
     outputs=("dk: bf16[B, T, D]",),
     sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
     tpu=_scores_backward_k_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"T": (128, "lanes"), "D": (128, "lanes"), "S": (16, "bf16 rows")},
+        chips={
+            None: {"default": (128, 128, 128)},
+            "v5e": {"default": (512, 512, 512)},
+            "v6e": {"default": (1024, 1024, 1024)},
+        },
+    ),
     triton=_scores_backward_k_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("T", "D", "S", "B"), least=16),
     mosaic_gpu=_scores_backward_k_mosaic_gpu,
@@ -3591,8 +3478,7 @@ def scores_backward_k(dacc, q):
     its input k, from dacc, the cotangent of its product.
 
     Keywords:
-      block_t, block_d, block_s: TPU blocks (None: as _scores_backward_k_tpu_blocks chooses; the spec's: 128,
-        128, 128).
+      block_t, block_d, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _scores_backward_k_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -3625,20 +3511,7 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = (acc_k + bias).astype(jnp.bfloat16)
 
 
-_linear_tpu_blocks = rt.TpuBlocks(
-    "linear",
-    sizes=("M", "N", "K"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
-    chips={
-        None: {"default": (1024, 1024, 1024)},
-        "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
-        "v6e": {(4096, 4096, 4096): (1024, 1024, 4096)},
-    },
-)
-
-
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
-    block_m, block_n, block_k = rt.tpu_blocks(_linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
     # accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
@@ -3774,6 +3647,14 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
     outputs=("y: bf16[M, N]",),
     sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
+        chips={
+            None: {"default": (1024, 1024, 1024)},
+            "v5e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+            "v6e": {(4096, 4096, 4096): (1024, 1024, 4096)},
+        },
+    ),
     triton=_linear_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_linear_mosaic_gpu,
@@ -3783,7 +3664,7 @@ def linear(x, w, bias):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
 
     Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as _linear_tpu_blocks chooses; the spec's: 1024, 1024, 1024).
+      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _linear_mosaic_gpu_options chooses by GPU kind and sizes).
 
@@ -3814,17 +3695,7 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
         dbias_ref[...] = sum_m
 
 
-_linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
-    "linear_backward_over_m",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-)
-
-
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0
     # MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
@@ -3928,6 +3799,11 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     outputs=("dbias: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_linear_backward_over_m_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+    ),
     triton=_linear_backward_over_m_gpu,
     triton_options=rt.GpuOptions({None: (32, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_linear_backward_over_m_mosaic_gpu,
@@ -3937,8 +3813,7 @@ def linear_backward_over_m(dy):
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _linear_backward_over_m_tpu_blocks chooses; the spec's: 1024,
-        1024).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = dy.shape
     dy_1 = dy.astype(jnp.float32)
@@ -3968,16 +3843,7 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-_linear_backward_x_tpu_blocks = rt.TpuBlocks(
-    "linear_backward_x",
-    sizes=("M", "K", "N"),
-    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 1024, 1024)}},
-)
-
-
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    block_m, block_k, block_n = rt.tpu_blocks(_linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
     return pl.pallas_call(
@@ -4093,6 +3959,10 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None,
     outputs=("dx: bf16[M, K]",),
     sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_linear_backward_x_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 1024, 1024)}},
+    ),
     triton=_linear_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_linear_backward_x_mosaic_gpu,
@@ -4102,8 +3972,7 @@ def linear_backward_x(dy, w):
     its input x, from dy, the cotangent of its product.
 
     Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as _linear_backward_x_tpu_blocks chooses; the spec's: 1024,
-        1024, 1024).
+      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _linear_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
     """
@@ -4135,16 +4004,7 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
         dw_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-_linear_backward_w_tpu_blocks = rt.TpuBlocks(
-    "linear_backward_w",
-    sizes=("N", "K", "M"),
-    tiling={"N": (128, "lanes"), "K": (128, "lanes"), "M": (16, "bf16 rows")},
-    chips={None: {"default": (1024, 1024, 1024)}},
-)
-
-
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
-    block_n, block_k, block_m = rt.tpu_blocks(_linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m))
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
     # + f32 product step 4.0 MiB.
     return pl.pallas_call(
@@ -4261,6 +4121,10 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None,
     outputs=("dw: bf16[N, K]",),
     sizes={"N": "n", "K": "k", "M": "m"},
     tpu=_linear_backward_w_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (128, "lanes"), "K": (128, "lanes"), "M": (16, "bf16 rows")},
+        chips={None: {"default": (1024, 1024, 1024)}},
+    ),
     triton=_linear_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("N", "K", "M"), least=16),
     mosaic_gpu=_linear_backward_w_mosaic_gpu,
@@ -4270,8 +4134,7 @@ def linear_backward_w(dy, x):
     its input w, from dy, the cotangent of its product.
 
     Keywords:
-      block_n, block_k, block_m: TPU blocks (None: as _linear_backward_w_tpu_blocks chooses; the spec's: 1024,
-        1024, 1024).
+      block_n, block_k, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
       mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
         _linear_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
     """

@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -55,20 +55,7 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref,
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-_layer_norm_tpu_blocks = rt.TpuBlocks(
-    "layer_norm",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m, residuals: (
-        block_m * n,
-        24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0),
-    ),
-)
-
-
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
-    (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
     # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
     # B. mean_n: only when the residuals are written.
@@ -306,6 +293,14 @@ def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend,
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}},
+        step=lambda m, n, block_m, residuals: (
+            block_m * n,
+            24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0),
+        ),
+    ),
     triton=_layer_norm_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_mosaic_gpu,
@@ -318,7 +313,7 @@ def layer_norm(x, w, b, *, eps=1e-05):
     each row had (what a backward pass needs).
 
     Keywords:
-      block_m: TPU blocks (None: as _layer_norm_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
       eps: a static f32 (default 1e-05).
 
     Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
@@ -361,17 +356,7 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-_layer_norm_backward_tpu_blocks = rt.TpuBlocks(
-    "layer_norm_backward",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (64,)}, "v6e": {(8192, 4096): (64,)}},
-    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
-)
-
-
 def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
     # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
     # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
@@ -638,6 +623,11 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (64,)}, "v6e": {(8192, 4096): (64,)}},
+        step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
+    ),
     triton=_layer_norm_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_backward_mosaic_gpu,
@@ -647,7 +637,7 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
     of its inputs from dy, dmu, drstd, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _layer_norm_backward_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
       eps: a static f32 (default 1e-05).
     """
     m, n = x.shape
@@ -702,17 +692,7 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-_layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
-    "layer_norm_backward_over_m",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
-    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
-)
-
-
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
     # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
     # y_1 64 B + let dy_1 64 B.
@@ -870,6 +850,11 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     outputs=("dw: f32[N] as [1, N]", "db: f32[N] as [1, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_layer_norm_backward_over_m_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
+        step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
+    ),
     triton=_layer_norm_backward_over_m_gpu,
     triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_layer_norm_backward_over_m_mosaic_gpu,
@@ -879,7 +864,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
     of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Keywords:
-      block_m: TPU blocks (None: as _layer_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
     """
     m, n = x.shape
     mu = mu[:, None]
@@ -905,17 +890,7 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-_rms_norm_tpu_blocks = rt.TpuBlocks(
-    "rms_norm",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m, residuals: (block_m * n, 16 * block_m * n + 8 * n + (8 * block_m if residuals else 0)),
-)
-
-
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
-    (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
     # 32-bit copy of a block 64 B + let h 64 B. mean_n: only when the residuals are written.
     return pl.pallas_call(
@@ -1076,6 +1051,14 @@ def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}},
+        step=lambda m, n, block_m, residuals: (
+            block_m * n,
+            16 * block_m * n + 8 * n + (8 * block_m if residuals else 0),
+        ),
+    ),
     triton=_rms_norm_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_mosaic_gpu,
@@ -1087,7 +1070,7 @@ def rms_norm(x, w, *, eps=1e-06):
     """RMSNorm over the last dimension (Llama's), computed in f32.
 
     Keywords:
-      block_m: TPU blocks (None: as _rms_norm_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
       eps: a static f32 (default 1e-06).
 
     Gradients: jax.grad runs the generated backward kernels rms_norm_backward, rms_norm_backward_over_m
@@ -1114,17 +1097,7 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-_rms_norm_backward_tpu_blocks = rt.TpuBlocks(
-    "rms_norm_backward",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
-)
-
-
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
     # dy_3 64 B + let dh 64 B.
@@ -1290,6 +1263,11 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}},
+        step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
+    ),
     triton=_rms_norm_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_backward_mosaic_gpu,
@@ -1299,7 +1277,7 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _rms_norm_backward_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
       eps: a static f32 (default 1e-06).
     """
     m, n = x.shape
@@ -1340,17 +1318,7 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
         dw_ref[...] = sum_m
 
 
-_rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
-    "rms_norm_backward_over_m",
-    sizes=("M", "N"),
-    tiling={"M": (16, "bf16 rows")},
-    chips={None: {"default": (16,)}},
-    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
-)
-
-
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
-    (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
     # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
     return pl.pallas_call(
@@ -1481,6 +1449,11 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
     sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_over_m_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (16, "bf16 rows")},
+        chips={None: {"default": (16,)}},
+        step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
+    ),
     triton=_rms_norm_backward_over_m_gpu,
     triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_rms_norm_backward_over_m_mosaic_gpu,
@@ -1490,7 +1463,7 @@ def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
 
     Keywords:
-      block_m: TPU blocks (None: as _rms_norm_backward_over_m_tpu_blocks chooses; the spec's: 16).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
       eps: a static f32 (default 1e-06).
     """
     m, n = x.shape

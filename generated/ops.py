@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -41,17 +41,7 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-_add_f32_tpu_blocks = rt.TpuBlocks(
-    "add_f32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-)
-
-
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_f32_kernel,
@@ -143,6 +133,11 @@ def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    ),
     triton=_add_f32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_f32_mosaic_gpu,
@@ -152,7 +147,7 @@ def add_f32(x, y):
     """The `add_f32` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _add_f32_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
@@ -166,17 +161,7 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-_add_f32_backward_tpu_blocks = rt.TpuBlocks(
-    "add_f32_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-)
-
-
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
     return pl.pallas_call(
         _add_f32_backward_kernel,
@@ -262,6 +247,11 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_add_f32_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    ),
     triton=_add_f32_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_f32_backward_mosaic_gpu,
@@ -271,7 +261,7 @@ def add_f32_backward(dz):
     of its inputs from dz, those of its outputs.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _add_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
     """
     dx = dz
     dy = dz
@@ -285,17 +275,7 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-_mul_f32_tpu_blocks = rt.TpuBlocks(
-    "mul_f32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-)
-
-
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_kernel,
@@ -387,6 +367,11 @@ def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    ),
     triton=_mul_f32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_f32_mosaic_gpu,
@@ -396,7 +381,7 @@ def mul_f32(x, y):
     """The `mul_f32` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _mul_f32_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
@@ -412,17 +397,7 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-_mul_f32_backward_tpu_blocks = rt.TpuBlocks(
-    "mul_f32_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
-)
-
-
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB + dx 512.0 KiB + dy
     # 512.0 KiB).
     return pl.pallas_call(
@@ -524,6 +499,11 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
+    ),
     triton=_mul_f32_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_f32_backward_mosaic_gpu,
@@ -533,7 +513,7 @@ def mul_f32_backward(x, y, dz):
     of its inputs from dz, those of its outputs.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _mul_f32_backward_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
     """
     dx = dz * y
     dy = dz * x
@@ -546,17 +526,7 @@ def _argmax_f32_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-_argmax_f32_tpu_blocks = rt.TpuBlocks(
-    "argmax_f32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-)
-
-
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
     return pl.pallas_call(
@@ -655,6 +625,11 @@ def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_f32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    ),
     triton=_argmax_f32_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_f32_mosaic_gpu,
@@ -664,7 +639,7 @@ def argmax_f32(x):
     """The `argmax_f32` Pallas kernel.
 
     Keywords:
-      block_m: TPU blocks (None: as _argmax_f32_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -694,17 +669,7 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-_equal_count_f32_tpu_blocks = rt.TpuBlocks(
-    "equal_count_f32",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D f32", 128)},
-    chips={None: {"default": (4096,)}},
-    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
-)
-
-
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
     # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
@@ -812,6 +777,11 @@ def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
     outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_f32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D f32", 128)},
+        chips={None: {"default": (4096,)}},
+        step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+    ),
     triton=_equal_count_f32_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_f32_mosaic_gpu,
@@ -821,7 +791,7 @@ def equal_count_f32(x, y):
     """The `equal_count_f32` Pallas kernel.
 
     Keywords:
-      block_n: TPU blocks (None: as _equal_count_f32_tpu_blocks chooses; the spec's: 4096).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -832,17 +802,7 @@ def equal_count_f32(x, y):
     return n
 
 
-_add_i32_tpu_blocks = rt.TpuBlocks(
-    "add_i32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-)
-
-
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_f32_kernel,
@@ -922,6 +882,11 @@ def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    ),
     triton=_add_i32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i32_mosaic_gpu,
@@ -931,7 +896,7 @@ def add_i32(x, y):
     """The `add_i32` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _add_i32_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -940,17 +905,7 @@ def add_i32(x, y):
     return z
 
 
-_mul_i32_tpu_blocks = rt.TpuBlocks(
-    "mul_i32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (256, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-)
-
-
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_kernel,
@@ -1030,6 +985,11 @@ def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: i32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (256, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    ),
     triton=_mul_i32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i32_mosaic_gpu,
@@ -1039,7 +999,7 @@ def mul_i32(x, y):
     """The `mul_i32` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _mul_i32_tpu_blocks chooses; the spec's: 256, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1048,17 +1008,7 @@ def mul_i32(x, y):
     return z
 
 
-_argmax_i32_tpu_blocks = rt.TpuBlocks(
-    "argmax_i32",
-    sizes=("M", "N"),
-    tiling={"M": (8, "i32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-)
-
-
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
     return pl.pallas_call(
@@ -1157,6 +1107,11 @@ def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "i32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    ),
     triton=_argmax_i32_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i32_mosaic_gpu,
@@ -1166,7 +1121,7 @@ def argmax_i32(x):
     """The `argmax_i32` Pallas kernel.
 
     Keywords:
-      block_m: TPU blocks (None: as _argmax_i32_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1177,17 +1132,7 @@ def argmax_i32(x):
     return i
 
 
-_equal_count_i32_tpu_blocks = rt.TpuBlocks(
-    "equal_count_i32",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D i32", 128)},
-    chips={None: {"default": (4096,)}},
-    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
-)
-
-
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's 32-bit copy of a
     # block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
@@ -1276,6 +1221,11 @@ def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
     outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i32_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D i32", 128)},
+        chips={None: {"default": (4096,)}},
+        step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+    ),
     triton=_equal_count_i32_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i32_mosaic_gpu,
@@ -1285,7 +1235,7 @@ def equal_count_i32(x, y):
     """The `equal_count_i32` Pallas kernel.
 
     Keywords:
-      block_n: TPU blocks (None: as _equal_count_i32_tpu_blocks chooses; the spec's: 4096).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1302,17 +1252,7 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-_add_i8_tpu_blocks = rt.TpuBlocks(
-    "add_i8",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-)
-
-
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _add_i8_kernel,
@@ -1392,6 +1332,11 @@ def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_add_i8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+    ),
     triton=_add_i8_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i8_mosaic_gpu,
@@ -1401,7 +1346,7 @@ def add_i8(x, y):
     """The `add_i8` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _add_i8_tpu_blocks chooses; the spec's: 1024, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1416,17 +1361,7 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-_mul_i8_tpu_blocks = rt.TpuBlocks(
-    "mul_i8",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (1024, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-)
-
-
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
     return pl.pallas_call(
         _mul_i8_kernel,
@@ -1506,6 +1441,11 @@ def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     outputs=("z: i8[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_mul_i8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (1024, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+    ),
     triton=_mul_i8_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i8_mosaic_gpu,
@@ -1515,7 +1455,7 @@ def mul_i8(x, y):
     """The `mul_i8` Pallas kernel.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _mul_i8_tpu_blocks chooses; the spec's: 1024, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1529,17 +1469,7 @@ def _argmax_i8_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-_argmax_i8_tpu_blocks = rt.TpuBlocks(
-    "argmax_i8",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows")},
-    chips={None: {"default": (32,)}},
-    step=lambda m, n, block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
-)
-
-
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
     # 128 B.
     return pl.pallas_call(
@@ -1638,6 +1568,11 @@ def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_i8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows")},
+        chips={None: {"default": (32,)}},
+        step=lambda m, n, block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
+    ),
     triton=_argmax_i8_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i8_mosaic_gpu,
@@ -1647,7 +1582,7 @@ def argmax_i8(x):
     """The `argmax_i8` Pallas kernel.
 
     Keywords:
-      block_m: TPU blocks (None: as _argmax_i8_tpu_blocks chooses; the spec's: 32).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1682,17 +1617,7 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-_equal_count_i8_tpu_blocks = rt.TpuBlocks(
-    "equal_count_i8",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D i8", 512)},
-    chips={None: {"default": (4096,)}},
-    step=lambda size_n, block_n: (block_n, 12 * block_n + 8),
-)
-
-
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
     # 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
@@ -1778,6 +1703,11 @@ def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
     outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_i8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D i8", 512)},
+        chips={None: {"default": (4096,)}},
+        step=lambda size_n, block_n: (block_n, 12 * block_n + 8),
+    ),
     triton=_equal_count_i8_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i8_mosaic_gpu,
@@ -1787,7 +1717,7 @@ def equal_count_i8(x, y):
     """The `equal_count_i8` Pallas kernel.
 
     Keywords:
-      block_n: TPU blocks (None: as _equal_count_i8_tpu_blocks chooses; the spec's: 4096).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -44,17 +44,7 @@ def _argmax_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-_argmax_rows_tpu_blocks = rt.TpuBlocks(
-    "argmax_rows",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-)
-
-
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
     # 32 B.
     return pl.pallas_call(
@@ -155,6 +145,11 @@ def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_rows_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    ),
     triton=_argmax_rows_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
@@ -164,7 +159,7 @@ def argmax_rows(x):
     """The first index of each row's maximum, as jnp.argmax.
 
     Keywords:
-      block_m: TPU blocks (None: as _argmax_rows_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -195,17 +190,7 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         i_ref[...] = argmax_n
 
 
-_argmax_blocked_tpu_blocks = rt.TpuBlocks(
-    "argmax_blocked",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (8, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
-)
-
-
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit copy of a block 16.0
     # KiB.
     return pl.pallas_call(
@@ -282,6 +267,11 @@ def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (8, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
+    ),
     triton=_argmax_blocked_gpu,
     triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
@@ -292,7 +282,7 @@ def argmax_blocked(x):
     running maximum kept with its first index (ties keep the earlier block's).
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _argmax_blocked_tpu_blocks chooses; the spec's: 8, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 8, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -308,17 +298,7 @@ def _argmin_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
-_argmin_rows_tpu_blocks = rt.TpuBlocks(
-    "argmin_rows",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-)
-
-
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a block
     # 32 B.
     return pl.pallas_call(
@@ -417,6 +397,11 @@ def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
     outputs=("i: i32[M] as [M, 1]",),
     sizes={"M": "m", "N": "n"},
     tpu=_argmin_rows_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    ),
     triton=_argmin_rows_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmin_rows_mosaic_gpu,
@@ -426,7 +411,7 @@ def argmin_rows(x):
     """The first index of each row's minimum, as jnp.argmin.
 
     Keywords:
-      block_m: TPU blocks (None: as _argmin_rows_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -454,17 +439,7 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
         s_ref[...] = sum_m
 
 
-_column_sums_tpu_blocks = rt.TpuBlocks(
-    "column_sums",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (512, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-)
-
-
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy of a block 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, block_m=block_m),
@@ -573,6 +548,11 @@ def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
     outputs=("s: f32[N] as [1, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (512, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+    ),
     triton=_column_sums_gpu,
     triton_options=rt.GpuOptions({None: (64, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_column_sums_mosaic_gpu,
@@ -582,7 +562,7 @@ def column_sums(x):
     """The sum of each column, over row blocks: M is reduced step by step.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _column_sums_tpu_blocks chooses; the spec's: 512, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512).
 
     Gradients: jax.grad runs the generated backward kernels column_sums_backward (_column_sums_vjp).
     """
@@ -597,17 +577,7 @@ def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
     dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
 
 
-_column_sums_backward_tpu_blocks = rt.TpuBlocks(
-    "column_sums_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-    chips={None: {"default": (512, 512)}},
-    step=lambda m, n, block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
-)
-
-
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
-    block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
     return pl.pallas_call(
         _column_sums_backward_kernel,
@@ -692,6 +662,11 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_column_sums_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
+        chips={None: {"default": (512, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
+    ),
     triton=_column_sums_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_column_sums_backward_mosaic_gpu,
@@ -701,7 +676,7 @@ def column_sums_backward(x, ds):
     of its inputs from ds, those of its outputs.
 
     Keywords:
-      block_m, block_n: TPU blocks (None: as _column_sums_backward_tpu_blocks chooses; the spec's: 512, 512).
+      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512).
     """
     m, n = x.shape
     ds = ds[None, :]
@@ -721,20 +696,7 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref)
         argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-_quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
-    "quantize_rows_int8",
-    sizes=("M", "N"),
-    tiling={"M": (32, "i8 rows")},
-    chips={None: {"default": (32,)}},
-    step=lambda m, n, block_m, residuals: (
-        block_m * n,
-        14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0),
-    ),
-)
-
-
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
-    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
     # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
     # argmax_n, max_n: only when the residuals are written.
@@ -935,6 +897,14 @@ def _quantize_rows_int8_vjp(x, max_n, argmax_n, dq, dscale, *, gpu_backend, inte
     outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]"),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (32, "i8 rows")},
+        chips={None: {"default": (32,)}},
+        step=lambda m, n, block_m, residuals: (
+            block_m * n,
+            14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0),
+        ),
+    ),
     triton=_quantize_rows_int8_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_int8_mosaic_gpu,
@@ -947,7 +917,7 @@ def quantize_rows_int8(x):
     that it maps to 127, and rounded half to even.
 
     Keywords:
-      block_m: TPU blocks (None: as _quantize_rows_int8_tpu_blocks chooses; the spec's: 32).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
 
     Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
     (_quantize_rows_int8_vjp).
@@ -975,17 +945,7 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
 
 
-_quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
-    "quantize_rows_int8_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (32,)}},
-    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
-)
-
-
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
     # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
     return pl.pallas_call(
@@ -1103,6 +1063,11 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (32,)}},
+        step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
+    ),
     triton=_quantize_rows_int8_backward_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_int8_backward_mosaic_gpu,
@@ -1112,7 +1077,7 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
     of its inputs from dscale, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _quantize_rows_int8_backward_tpu_blocks chooses; the spec's: 32).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
     """
     m, n = x.shape
     max_n = max_n[:, None]
@@ -1147,17 +1112,7 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
         n_ref[...] = sum_n
 
 
-_equal_count_tpu_blocks = rt.TpuBlocks(
-    "equal_count",
-    sizes=("N",),
-    tiling={"N": (1024, "1-D i32", 128)},
-    chips={None: {"default": (1024,)}},
-    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
-)
-
-
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
-    (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's 32-bit copy of a block
     # 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
@@ -1264,6 +1219,11 @@ def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
     outputs=("n: i32[] as [1]",),
     sizes={"N": "size_n"},
     tpu=_equal_count_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"N": (1024, "1-D i32", 128)},
+        chips={None: {"default": (1024,)}},
+        step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
+    ),
     triton=_equal_count_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_mosaic_gpu,
@@ -1273,7 +1233,7 @@ def equal_count(x, y):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
 
     Keywords:
-      block_n: TPU blocks (None: as _equal_count_tpu_blocks chooses; the spec's: 1024).
+      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

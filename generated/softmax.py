@@ -10,11 +10,11 @@ the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/
 A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
 to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `_NAME_tpu_blocks` chooses, by rt.tpu_blocks), gpu_block_*, gpu_warps, gpu_stages
-(Triton's, powers of two; None: as its `triton_options` in `@rt.kernel` choose, by GPU kind
-(None: the spec's) and sizes, before the launcher is called), gpu_backend ("triton", the
-default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None: interpreted where no kernel
-compiles, as on CPU).
+as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
+gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
+`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
+gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
+interpreted where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -53,20 +53,7 @@ def _softmax_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref):
         argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-_softmax_tpu_blocks = rt.TpuBlocks(
-    "softmax",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m, residuals: (
-        block_m * n,
-        28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0),
-    ),
-)
-
-
 def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
-    (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
     # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
     # block 32 B + let e 32 B. argmax_n, max_n, sum_n: only when the residuals are written.
@@ -286,6 +273,14 @@ def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
     outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m, residuals: (
+            block_m * n,
+            28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0),
+        ),
+    ),
     triton=_softmax_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_softmax_mosaic_gpu,
@@ -297,7 +292,7 @@ def softmax(x):
     """Softmax over the last dimension.
 
     Keywords:
-      block_m: TPU blocks (None: as _softmax_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
@@ -320,17 +315,7 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
     )
 
 
-_softmax_backward_tpu_blocks = rt.TpuBlocks(
-    "softmax_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (128,)}, "v6e": {(4096, 4096): (128,)}},
-    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
-)
-
-
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
     # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
     # 32 B + let de_1 32 B.
@@ -542,6 +527,11 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_softmax_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (128,)}, "v6e": {(4096, 4096): (128,)}},
+        step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
+    ),
     triton=_softmax_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_softmax_backward_mosaic_gpu,
@@ -551,7 +541,7 @@ def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _softmax_backward_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
     """
     m, n = x.shape
     sum_n = sum_n[:, None]
@@ -576,17 +566,7 @@ def _log_softmax_kernel(x_ref, y_ref, logsumexp_n_ref):
     y_ref[...] = x - logsumexp_n
 
 
-_log_softmax_tpu_blocks = rt.TpuBlocks(
-    "log_softmax",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m, residuals: (block_m * n, 20 * block_m * n + (8 * block_m if residuals else 0)),
-)
-
-
 def _log_softmax_tpu(x, *, m, n, block_m, residuals, interpret):
-    (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,), residuals=residuals)
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
     # 32-bit copy of a block 32 B. logsumexp_n: only when the residuals are written.
     return pl.pallas_call(
@@ -734,6 +714,11 @@ def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
     outputs=("y: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m, residuals: (block_m * n, 20 * block_m * n + (8 * block_m if residuals else 0)),
+    ),
     triton=_log_softmax_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_log_softmax_mosaic_gpu,
@@ -745,7 +730,7 @@ def log_softmax(x):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.
 
     Keywords:
-      block_m: TPU blocks (None: as _log_softmax_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: jax.grad runs the generated backward kernels log_softmax_backward (_log_softmax_vjp).
     """
@@ -760,17 +745,7 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-_log_softmax_backward_tpu_blocks = rt.TpuBlocks(
-    "log_softmax_backward",
-    sizes=("M", "N"),
-    tiling={"M": (8, "f32 rows")},
-    chips={None: {"default": (8,)}},
-    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
-)
-
-
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
-    (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
@@ -905,6 +880,11 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     outputs=("dx: f32[M, N]",),
     sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_backward_tpu,
+    tpu_blocks=rt.TpuBlocks(
+        tiling={"M": (8, "f32 rows")},
+        chips={None: {"default": (8,)}},
+        step=lambda m, n, block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
+    ),
     triton=_log_softmax_backward_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_log_softmax_backward_mosaic_gpu,
@@ -914,7 +894,7 @@ def log_softmax_backward(x, logsumexp_n, dy):
     of its inputs from dy, those of its outputs.
 
     Keywords:
-      block_m: TPU blocks (None: as _log_softmax_backward_tpu_blocks chooses; the spec's: 8).
+      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
     """
     logsumexp_n = logsumexp_n[:, None]
     dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)

@@ -84,12 +84,13 @@ WITH_RESIDUALS = "_with_residuals"
 
 class WithResiduals:
     """A kernel called for its outputs and residuals (`with_residuals`), with the
-    kernel's name, module (`__wrapped__`), keywords (`options`) and cache; no `reference`:
-    the residuals have none (the NumPy references check them)."""
+    kernel's name, module (`__wrapped__`), keywords (`options`), tables of blocks and
+    cache; no `reference`: the residuals have none (the NumPy references check them)."""
 
     def __init__(self, kernel):
         self.kernel, self.options, self.__name__ = kernel, kernel.options, kernel.__name__
         self.__wrapped__ = kernel.__wrapped__
+        self.tpu_blocks, self.triton_options = kernel.tpu_blocks, kernel.triton_options
 
     def __call__(self, *arrays, **keywords):
         return self.kernel.with_residuals(*arrays, **keywords)
@@ -135,14 +136,13 @@ def bundled_kernels() -> list[tuple[str, str | None]]:
 
 def block_defaults(kernel_fn) -> dict[str, int]:
     """The kernel's `block_<dim>` keywords and the blocks a call that passes none takes on
-    CPU: its TPU launcher's keywords, the spec's blocks from its module's table."""
+    CPU: its TPU launcher's keywords, the spec's blocks from its table (`tpu_blocks`)."""
     module = kernel_fn.__wrapped__.__globals__
     launcher = inspect.signature(module[f"_{kernel_fn.__name__}_tpu"]).parameters
     keywords = [name for name in launcher if name.startswith("block_")]
     if not keywords:
         return {}
-    table = module[f"_{kernel_fn.__name__}_tpu_blocks"]
-    return dict(zip(keywords, table.chips[None]["default"]))
+    return dict(zip(keywords, kernel_fn.tpu_blocks.chips[None]["default"]))
 
 
 def gpu_block_defaults(kernel_fn) -> dict[str, int]:

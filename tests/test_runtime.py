@@ -371,10 +371,10 @@ def test_the_tpu_limits_come_from_the_constants_the_generator_reads():
 
 def test_tpu_blocks_refuse_a_block_that_breaks_its_tiling_rule_naming_the_rule_and_a_legal_block():
     table = support.TpuBlocks(
-        "k",
-        ("M", "N", "X"),
         {"M": (8, "f32 rows"), "N": (128, "lanes"), "X": (1024, "1-D bf16", 256)},
         {None: {"default": (8, 128, 1024)}},
+        kernel="k",
+        sizes=("M", "N", "X"),
     )
     assert support.tpu_blocks(table, (100, 100, 5000), (16, 100, 256)) == (16, 100, 256)
     assert support.tpu_blocks(table, (100, 100, 900), (1000, 1000, 1000)) == (100, 100, 900)  # clamped, then checked
@@ -398,11 +398,11 @@ def test_tpu_blocks_refuse_a_block_that_breaks_its_tiling_rule_naming_the_rule_a
 
 def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default_else_the_specs(monkeypatch):
     table = support.TpuBlocks(
-        "k",
-        ("M", "N"),
         {"M": (8, "f32 rows"), "N": (128, "lanes")},
         {None: {"default": (8, 128)}, "v6e": {"default": (16, 256), (1024, 1024): (64, 512)}},
         step=lambda m, n, block_m, block_n: (block_m * block_n, 4 * block_m * block_n),
+        kernel="k",
+        sizes=("M", "N"),
     )
     monkeypatch.setattr(support, "tpu_chip", lambda: "v6e")
     assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)  # tuned: not grown

@@ -182,7 +182,7 @@ def test_a_call_without_blocks_takes_the_nearest_tuned_entry_for_its_chip_else_t
     assert pallasgen("build").exit_code == 0
     path = project / "generated" / "mm.py"
     module = load_module(path.read_text(), path)
-    table, spec = module._mm_tpu_blocks, (128, 128, 128)
+    table, spec = module.mm.tpu_blocks, (128, 128, 128)
 
     def blocks(chip, sizes, given=(None, None, None)):
         monkeypatch.setattr(module.rt, "tpu_chip", lambda: chip)
@@ -289,7 +289,7 @@ def test_only_a_module_with_a_kernel_that_grows_its_blocks_calls_the_runtimes_gr
     )
     matmul = generate(spec, "mm.pallas", "mm.pallas")
     softmax = (GENERATED / "softmax.py").read_text()
-    assert "rt.tpu_blocks(" in matmul and "step=lambda" not in matmul
+    assert "tpu_blocks=rt.TpuBlocks(" in matmul and "step=lambda" not in matmul
     assert "step=lambda" in softmax
 
 

@@ -461,7 +461,18 @@ def on_platform(
 
 
 def kernel(
-    *, inputs, outputs, sizes, params=None, triton_options=None, vjp=None, saves=None, residuals=None, saving=None, **launchers
+    *,
+    inputs,
+    outputs,
+    sizes,
+    params=None,
+    tpu_blocks=None,
+    triton_options=None,
+    vjp=None,
+    saves=None,
+    residuals=None,
+    saving=None,
+    **launchers,
 ):
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
@@ -477,6 +488,7 @@ def kernel(
             sizes=sizes,
             params=params or {},
             launchers=launchers,
+            tpu_blocks=tpu_blocks,
             triton_options=triton_options,
             vjp=vjp,
             saves=saves,
@@ -557,8 +569,9 @@ class Kernel:
       module was generated for (Mosaic GPU's None where it takes no such kernel). Each
       takes the arrays, and as keywords the sizes, params and `interpret` it names, and
       its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
-    - `triton_options`: the Triton launcher's table of blocks and options (`GpuOptions`),
-      from which the call chooses those it leaves None before it launches.
+    - `tpu_blocks` (a `TpuBlocks`), `triton_options` (a `GpuOptions`): the TPU launcher's
+      table of blocks, the Triton launcher's of blocks and options, from which a call
+      chooses those it leaves None before it launches.
     - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
       then the outputs' cotangents (None: the kernel is not differentiated by backward
       kernels); `saves`: the names of the arrays it reads,
@@ -576,7 +589,20 @@ class Kernel:
     """
 
     def __init__(
-        self, reference, *, inputs, outputs, sizes, params, launchers, triton_options, vjp, saves, residuals, saving
+        self,
+        reference,
+        *,
+        inputs,
+        outputs,
+        sizes,
+        params,
+        launchers,
+        tpu_blocks,
+        triton_options,
+        vjp,
+        saves,
+        residuals,
+        saving,
     ):
         functools.update_wrapper(self, reference)
         self.reference = reference
@@ -594,6 +620,7 @@ class Kernel:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
+        self.tpu_blocks = tpu_blocks and tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes))
         self.triton_options = triton_options
 
         def call(*arrays, residuals=False, **keywords):
@@ -691,9 +718,12 @@ class Kernel:
             if residuals and "residuals" not in binding:  # a launcher that writes none: another backend's runs
                 function = None
             keywords = {k: given[v] for k, v in binding.items()}
-            if backend == "triton" and self.triton_options is not None:
-                keywords = _with_triton_options(self.triton_options, keywords, binding, sizes)
-            kernels[backend] = None if function is None else functools.partial(function, **keywords)
+            choose = None
+            if backend == "tpu" and self.tpu_blocks is not None:
+                choose = functools.partial(_with_tpu_blocks, self.tpu_blocks, sizes)
+            elif backend == "triton" and self.triton_options is not None:
+                choose = functools.partial(_with_triton_options, self.triton_options, binding, sizes)
+            kernels[backend] = None if function is None else functools.partial(_launched, function, keywords, choose)
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
         results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
@@ -732,7 +762,23 @@ _BLOCKS = ("block_", "gpu_block_")  # the TPU's and Triton's block keywords, che
 _OPTION_DEFAULTS = {"gpu_backend": GPU_BACKENDS[0]}  # every other keyword's default is None
 
 
-def _with_triton_options(options, keywords, binding, sizes):
+def _launched(launcher, keywords, choose, *arrays, **more):
+    """`launcher` run on `arrays` with `keywords`, its blocks (and GPU options) chosen by
+    `choose` where the call left them None: when the platform's kernel is built, so a
+    block another platform's kernel takes is never chosen or checked."""
+    return launcher(*arrays, **(choose(keywords) if choose else keywords), **more)
+
+
+def _with_tpu_blocks(table, sizes, keywords):
+    """A TPU launcher's keywords with its blocks chosen and checked by `tpu_blocks` from
+    `table` (a `TpuBlocks`)."""
+    chosen = [block_keyword(dim) for dim in table.tiling]
+    step = {"residuals": keywords["residuals"]} if table.step and "residuals" in inspect.signature(table.step).parameters else {}
+    values = tpu_blocks(table, tuple(sizes[dim] for dim in table.sizes), tuple(keywords[k] for k in chosen), **step)
+    return keywords | dict(zip(chosen, values))
+
+
+def _with_triton_options(options, binding, sizes, keywords):
     """A Triton launcher's keywords with its blocks, num_warps and num_stages chosen from
     `options` (a `GpuOptions`) where the call gave None."""
     chosen = [k for k, public in binding.items() if public.startswith("gpu_block_")] + ["num_warps", "num_stages"]
@@ -986,7 +1032,6 @@ def tpu_chip():
 class TpuBlocks(NamedTuple):
     """A TPU launcher's table of blocks, which `tpu_blocks` chooses from and checks.
 
-    `kernel` names it in errors; `sizes` names the dimensions of a call's sizes, in order;
     `tiling` maps each blocked dimension, in the order of the blocks, to Mosaic's tiling
     rule for it: (multiple, how its arrays hold it[, smallest power of two]), in words by
     `constants.tiling_rule_words`; None where any block tiles. `chips` maps a TPU
@@ -996,14 +1041,17 @@ class TpuBlocks(NamedTuple):
     A kernel without a matrix product has a `step`: a grid step's elements and VMEM bytes
     at the call's sizes and given blocks; its blocks grow (see `grown`), each up to its
     `bounds` at the call's sizes (None: its dimension).
+
+    `kernel` names it in errors, and `sizes` the dimensions of a call's sizes, in order:
+    the kernel's public function (`Kernel`) sets both.
     """
 
-    kernel: str
-    sizes: tuple
     tiling: dict
     chips: dict
     step: object = None
     bounds: object = None
+    kernel: str = ""
+    sizes: tuple = ()
 
 
 def tpu_blocks(table, sizes, given, **step_keywords):

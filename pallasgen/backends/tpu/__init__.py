@@ -21,7 +21,6 @@ from pallasgen.backends.tpu.chips import (
     tuned_blocks_problem,
 )
 from pallasgen.backends.tpu.plan import (
-    block_table_name,
     kernel_function_name,
     keyword_group,
     launcher_name,
@@ -60,7 +59,7 @@ class TpuBackend(Backend):
         return {block_keyword(d) for d in checked.dims}
 
     def function_names(self, kernel):
-        return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
+        return kernel_function_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered, targets=TARGETS):
         return plan_fused_tpu(lowered) if lowered.checked.frame else plan_tpu(lowered)

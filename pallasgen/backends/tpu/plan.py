@@ -96,12 +96,11 @@ class StripsPlan:
 
 @dataclass(frozen=True)
 class BlockTable:
-    """The blocks a call that passes none takes, by chip, and the tiling rule each keeps
-    (an `rt.TpuBlocks`, which `rt.tpu_blocks` reads)."""
+    """The blocks a call that passes none takes, by chip, and the tiling rule each keeps:
+    the public function's `tpu_blocks`, an `rt.TpuBlocks`, which `rt.tpu_blocks` reads
+    to choose, clamp and check the blocks before it calls the launcher."""
 
-    name: str  # the module-level constant
     table: str  # its `rt.TpuBlocks(...)`
-    choice: str  # the launcher's line that chooses, clamps and checks its blocks
 
 
 @dataclass(frozen=True)
@@ -160,19 +159,15 @@ def block_keywords(checked: CheckedKernel, tunable) -> KeywordGroup:
         return KeywordGroup(keywords, ())
     names = ", ".join(block_keyword(d) for d in tunable)
     defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    said = f"{names}: TPU blocks (None: as {block_table_name(checked.kernel.name)} chooses; the spec's: {defaults})."
+    said = f"{names}: TPU blocks (None: as its tpu_blocks choose; the spec's: {defaults})."
     lines = textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     return KeywordGroup(keywords, tuple(lines))
-
-
-def block_table_name(kernel: str) -> str:
-    return f"_{kernel}_tpu_blocks"
 
 
 def block_table(
     checked: CheckedKernel, tunable: list[str], sizes, layouts, chip_default, step: str = "", bounds: str = ""
 ) -> BlockTable | None:
-    """The launcher's `rt.TpuBlocks` and its call of `rt.tpu_blocks`: the spec's blocks
+    """The launcher's `rt.TpuBlocks`: the spec's blocks
     (None's default); each chip's default where `chip_default(chip)` differs from them,
     and the blocks tuned for it; each block's tiling rule; and where the blocks grow, a
     grid `step`'s elements and VMEM (code over the call's sizes and given blocks) and the
@@ -199,23 +194,11 @@ def block_table(
     rules = ", ".join(f'"{d}": {_rule_code(tiling_rule(d, layouts))}' for d in tunable)
     size_names = [sizes[d] for d in checked.dims]
     keywords = [block_keyword(d) for d in tunable]
-    dims = tuple_code([f'"{d}"' for d in checked.dims])
-    fields = [
-        f'"{checked.kernel.name}"',
-        f"sizes={dims}",
-        f"tiling={{{rules}}}",
-        f"chips={{{chips_code}}}",
-    ]
+    fields = [f"tiling={{{rules}}}", f"chips={{{chips_code}}}"]
     saving = ["residuals"] if re.search(r"\bresiduals\b", step) else []  # its step's VMEM writing them
     fields += [f"step=lambda {', '.join(size_names + keywords + saving)}: {step}"] if step else []
     fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
-    name = block_table_name(checked.kernel.name)
-    arguments = [name, tuple_code(size_names), tuple_code(keywords), *(f"{s}={s}" for s in saving)]
-    return BlockTable(
-        name,
-        f"rt.TpuBlocks({', '.join(fields)})",
-        f"{tuple_code(keywords)} = rt.tpu_blocks({', '.join(arguments)})",
-    )
+    return BlockTable(f"rt.TpuBlocks({', '.join(fields)})")
 
 
 def _rule_code(rule: TilingRule | None) -> str:
