@@ -5731,7 +5731,7 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_softmax_stage_1_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K"))
 
 
 def _matmul_softmax_stage_1_mosaic_gpu(
@@ -5739,7 +5739,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
 ):
     """Stage 1 of `matmul_softmax`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _matmul_softmax_stage_1_mosaic_gpu_options.table, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices("matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
@@ -6152,15 +6152,7 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _matmul_softmax_backward_x_mosaic_gpu(
-    dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_softmax_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
-    )
+def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "matmul_softmax_backward_x", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
@@ -6200,6 +6192,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     triton=_matmul_softmax_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_backward_x_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def matmul_softmax_backward_x(dacc, w):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
@@ -6207,8 +6200,8 @@ def matmul_softmax_backward_x(dacc, w):
 
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_softmax_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -6325,15 +6318,7 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _matmul_softmax_backward_w_mosaic_gpu(
-    x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
-):
-    block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_softmax_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
-    )
+def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, stages, interpret):
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices("matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
@@ -6372,6 +6357,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     triton=_matmul_softmax_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_softmax_backward_w_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def matmul_softmax_backward_w(x, dacc):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
@@ -6379,8 +6365,8 @@ def matmul_softmax_backward_w(x, dacc):
 
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_softmax_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -6557,7 +6543,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-_rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_rmsnorm_matmul_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K"))
 
 
 def _rmsnorm_matmul_stage_2_mosaic_gpu(
@@ -6565,7 +6551,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `rmsnorm_matmul`."""
     block_m, block_n, block_k, stages = rt.gpu_options(
-        _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _rmsnorm_matmul_stage_2_mosaic_gpu_options.table, (m, n, k), (block_m, block_n, block_k, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n
     rt.mgpu_check_choices("rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
@@ -6952,15 +6938,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
-    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
-):
-    block_m, block_k, block_n, stages = rt.gpu_options(
-        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
-    )
+def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_lhs", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
@@ -7000,6 +6978,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     triton=_rmsnorm_matmul_backward_lhs_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_lhs_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def rmsnorm_matmul_backward_lhs(dy, w):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
@@ -7007,8 +6986,8 @@ def rmsnorm_matmul_backward_lhs(dy, w):
 
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
     dlhs = acc.astype(jnp.bfloat16)
@@ -7127,15 +7106,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-_rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _rmsnorm_matmul_backward_w_mosaic_gpu(
-    lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
-):
-    block_k, block_n, block_m, stages = rt.gpu_options(
-        _rmsnorm_matmul_backward_w_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
-    )
+def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, stages, interpret):
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices("rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
@@ -7174,6 +7145,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     triton=_rmsnorm_matmul_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_w_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def rmsnorm_matmul_backward_w(lhs, dy):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
@@ -7181,8 +7153,8 @@ def rmsnorm_matmul_backward_w(lhs, dy):
 
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 256).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _rmsnorm_matmul_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)

@@ -144,13 +144,7 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, interpret):
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices("matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -192,6 +186,7 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K")),
     vjp=_matmul_vjp,
 )
 def matmul(x, y):
@@ -199,8 +194,8 @@ def matmul(x, y):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
@@ -319,13 +314,7 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
-    )
+def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, stages, interpret):
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices("matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
@@ -355,6 +344,7 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m=None, block_k=None,
     triton=_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_backward_x_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "K", "N")),
 )
 def matmul_backward_x(dz, y):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
@@ -362,8 +352,8 @@ def matmul_backward_x(dz, y):
 
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     dx = acc
@@ -480,13 +470,7 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret):
-    block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
-    )
+def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, stages, interpret):
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices("matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
@@ -518,6 +502,7 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k=None, block_n=None,
     triton=_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_backward_y_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("K", "N", "M")),
 )
 def matmul_backward_y(x, dz):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
@@ -525,8 +510,8 @@ def matmul_backward_y(x, dz):
 
     Keywords:
       block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_backward_y_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     dy = acc
@@ -671,15 +656,7 @@ def _matmul_relu_mosaic_gpu_kernel(
         )
 
 
-_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
-
-
-def _matmul_relu_mosaic_gpu(
-    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, residuals, interpret
-):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, residuals, interpret):
     smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
     rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -730,6 +707,7 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
     triton=_matmul_relu_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_relu_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K")),
     vjp=_matmul_relu_vjp,
     saves=("x", "y", "acc"),
     residuals=("acc: f32[M, N]",),
@@ -739,8 +717,8 @@ def matmul_relu(x, y):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_relu_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
     (_matmul_relu_vjp).
@@ -903,7 +881,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+_matmul_relu_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "K", "N"))
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu(
@@ -911,7 +889,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `matmul_relu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_relu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+        _matmul_relu_backward_x_stage_2_mosaic_gpu_options.table, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
     rt.mgpu_check_choices(
@@ -1133,7 +1111,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+_matmul_relu_backward_y_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 32, 2)}, ("K", "N", "M"))
 
 
 def _matmul_relu_backward_y_stage_2_mosaic_gpu(
@@ -1141,7 +1119,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `matmul_relu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_relu_backward_y_stage_2_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
+        _matmul_relu_backward_y_stage_2_mosaic_gpu_options.table, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
     rt.mgpu_check_choices(
@@ -1358,15 +1336,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         )
 
 
-_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _matmul_bias_gelu_mosaic_gpu(
-    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, residuals, interpret
-):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, stages, residuals, interpret):
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -1422,6 +1392,7 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
     triton=_matmul_bias_gelu_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K")),
     vjp=_matmul_bias_gelu_vjp,
     saves=("x", "y", "bias", "acc"),
     residuals=("acc: f32[M, N]",),
@@ -1431,8 +1402,8 @@ def matmul_bias_gelu(x, y, bias):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_bias_gelu_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
@@ -1625,7 +1596,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N"))
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
@@ -1633,7 +1604,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `matmul_bias_gelu_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options.table, (m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
@@ -1986,7 +1957,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M"))
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
@@ -1994,7 +1965,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
 ):
     """Stage 3 of `matmul_bias_gelu_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
+        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options.table, (k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
@@ -2184,13 +2155,7 @@ def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-_matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
-
-
-def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, interpret):
     smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices("matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -2228,6 +2193,7 @@ def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_matmul_int8_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=(16, 16, 32)),
     mosaic_gpu=_matmul_int8_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 128, 2)}, ("M", "N", "K")),
     vjp=_matmul_int8_vjp,
 )
 def matmul_int8(x, y):
@@ -2235,8 +2201,8 @@ def matmul_int8(x, y):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _matmul_int8_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -2353,13 +2319,7 @@ def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *,
     )
 
 
-_batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
     rt.mgpu_check_choices("batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -2402,6 +2362,7 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_batched_matmul_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K", "B"), least=16),
     mosaic_gpu=_batched_matmul_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "M", "N", "K")),
     vjp=_batched_matmul_vjp,
 )
 def batched_matmul(x, y):
@@ -2409,8 +2370,8 @@ def batched_matmul(x, y):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _batched_matmul_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
     (_batched_matmul_vjp).
@@ -2569,7 +2530,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     )
 
 
-_batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_batched_matmul_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "M", "K", "N"))
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu(
@@ -2577,7 +2538,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `batched_matmul_backward_x`."""
     block_m, block_k, block_n, stages = rt.gpu_options(
-        _batched_matmul_backward_x_stage_2_mosaic_gpu_options, (b, m, k, n), (block_m, block_k, block_n, stages)
+        _batched_matmul_backward_x_stage_2_mosaic_gpu_options.table, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
@@ -2796,7 +2757,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     )
 
 
-_batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_batched_matmul_backward_y_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "K", "N", "M"))
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu(
@@ -2804,7 +2765,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
 ):
     """Stage 2 of `batched_matmul_backward_y`."""
     block_k, block_n, block_m, stages = rt.gpu_options(
-        _batched_matmul_backward_y_stage_2_mosaic_gpu_options, (b, k, n, m), (block_k, block_n, block_m, stages)
+        _batched_matmul_backward_y_stage_2_mosaic_gpu_options.table, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices(
@@ -2973,15 +2934,7 @@ def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s
     )
 
 
-_scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _scores_mosaic_gpu(
-    q, k, *, b, size_s, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
-):
-    block_s, block_t, block_d, stages = rt.gpu_options(
-        _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
-    )
+def _scores_mosaic_gpu(q, k, *, b, size_s, t, d, scale, block_s, block_t, block_d, stages, interpret):
     smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
     rt.mgpu_check_choices("scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes)
     padded_size_s, padded_t, padded_d = size_s + -size_s % block_s, t + -t % block_t, d + -d % block_d
@@ -3022,6 +2975,7 @@ def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
     triton=_scores_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("S", "T", "D", "B"), least=16),
     mosaic_gpu=_scores_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "S", "T", "D")),
     vjp=_scores_vjp,
 )
 def scores(q, k, *, scale=0.125):
@@ -3029,8 +2983,8 @@ def scores(q, k, *, scale=0.125):
 
     Keywords:
       block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _scores_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
       scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
@@ -3258,15 +3212,7 @@ def _scores_backward_q_mosaic_gpu_kernel(
     )
 
 
-_scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _scores_backward_q_mosaic_gpu(
-    dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
-):
-    block_s, block_d, block_t, stages = rt.gpu_options(
-        _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
-    )
+def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, stages, interpret):
     smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
     rt.mgpu_check_choices("scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes)
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
@@ -3300,6 +3246,7 @@ def _scores_backward_q_mosaic_gpu(
     triton=_scores_backward_q_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("S", "D", "T", "B"), least=16),
     mosaic_gpu=_scores_backward_q_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "S", "D", "T")),
 )
 def scores_backward_q(dacc, k):
     """The backward pass of `scores`, generated from its spec: the cotangent dq of
@@ -3307,8 +3254,8 @@ def scores_backward_q(dacc, k):
 
     Keywords:
       block_s, block_d, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _scores_backward_q_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
     dq = acc.astype(jnp.bfloat16)
@@ -3429,15 +3376,7 @@ def _scores_backward_k_mosaic_gpu_kernel(
     )
 
 
-_scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _scores_backward_k_mosaic_gpu(
-    dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
-):
-    block_t, block_d, block_s, stages = rt.gpu_options(
-        _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
-    )
+def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, stages, interpret):
     smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
     rt.mgpu_check_choices("scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes)
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
@@ -3472,6 +3411,7 @@ def _scores_backward_k_mosaic_gpu(
     triton=_scores_backward_k_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("T", "D", "S", "B"), least=16),
     mosaic_gpu=_scores_backward_k_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "T", "D", "S")),
 )
 def scores_backward_k(dacc, q):
     """The backward pass of `scores`, generated from its spec: the cotangent dk of
@@ -3479,8 +3419,8 @@ def scores_backward_k(dacc, q):
 
     Keywords:
       block_t, block_d, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _scores_backward_k_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
     dk = acc.astype(jnp.bfloat16)
@@ -3605,13 +3545,7 @@ def _linear_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
-_linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret):
-    block_m, block_n, block_k, stages = rt.gpu_options(
-        _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
-    )
+def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
     rt.mgpu_check_choices("linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
@@ -3658,6 +3592,7 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
     triton=_linear_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_linear_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K")),
     vjp=_linear_vjp,
 )
 def linear(x, w, bias):
@@ -3665,8 +3600,8 @@ def linear(x, w, bias):
 
     Keywords:
       block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _linear_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
     linear_backward_w (_linear_vjp).
@@ -3930,13 +3865,7 @@ def _linear_backward_x_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
-_linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret):
-    block_m, block_k, block_n, stages = rt.gpu_options(
-        _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
-    )
+def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices("linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
@@ -3966,6 +3895,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m=None, block_k=None,
     triton=_linear_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_linear_backward_x_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def linear_backward_x(dy, w):
     """The backward pass of `linear`, generated from its spec: the cotangent dx of
@@ -3973,8 +3903,8 @@ def linear_backward_x(dy, w):
 
     Keywords:
       block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _linear_backward_x_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -4091,13 +4021,7 @@ def _linear_backward_w_mosaic_gpu_kernel(
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
-_linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
-
-
-def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret):
-    block_n, block_k, block_m, stages = rt.gpu_options(
-        _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
-    )
+def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, stages, interpret):
     smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
     rt.mgpu_check_choices("linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes)
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
@@ -4128,6 +4052,7 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n=None, block_k=None,
     triton=_linear_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("N", "K", "M"), least=16),
     mosaic_gpu=_linear_backward_w_mosaic_gpu,
+    mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("N", "K", "M")),
 )
 def linear_backward_w(dy, x):
     """The backward pass of `linear`, generated from its spec: the cotangent dw of
@@ -4135,8 +4060,8 @@ def linear_backward_w(dy, x):
 
     Keywords:
       block_n, block_k, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as
-        _linear_backward_w_mosaic_gpu_options chooses by GPU kind and sizes).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
+        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)

@@ -78,12 +78,12 @@ def test_a_backend_without_tuned_blocks_refuses_an_entry(checked_kernels):
 )
 def test_the_generated_tiling_check_keeps_the_generators_tiling_rule(rule):
     """The generator's `TilingRule.allows` and the runtime's `tpu_blocks`, which a
-    generated launcher calls, allow the same blocks (both ask constants.tiles_on_tpu)."""
+    generated kernel's public function calls, allow the same blocks (both ask constants.tiles_on_tpu)."""
     module = load_module(GENERATED / "add_vectors.py", "add_vectors_tiling_rule")
     rt = module.rt
     smallest = (rule.smallest_power_of_two,) if rule.smallest_power_of_two else ()
     tiling = {rule.dim: (rule.multiple, rule.held, *smallest)}
-    table = rt.TpuBlocks("k", (rule.dim,), tiling, {None: {"default": (1024,)}})
+    table = rt.TpuBlocks(tiling, {None: {"default": (1024,)}}, kernel="k", sizes=(rule.dim,))
     size = 5000
     for block in range(1, 4200):
         try:

@@ -100,7 +100,7 @@ def test_a_call_without_mgpu_keywords_takes_the_nearest_entry_tuned_for_its_gpu(
     big = gpu_entry(checked(), H100, SIZES, {"M": 128, "N": 64, "K": 16}, {"stages": 4})
     small = gpu_entry(checked(), H100, {"M": 256, "N": 256, "K": 256}, {"M": 64, "N": 64, "K": 8}, {"stages": 1})
     module = build(project, big, small)
-    table = module._mm_mosaic_gpu_options
+    table = module.mm.mosaic_gpu_options.table
     assert table[None] == (128, 128, 32, 2)
 
     def chosen(kind, sizes, given=(None,) * 4):

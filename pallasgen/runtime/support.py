@@ -142,9 +142,9 @@ def gpu_options(table, sizes, given):
 
 
 class GpuOptions(NamedTuple):
-    """A Triton launcher's choices (its blocks, then num_warps and num_stages, in the order
-    of its keywords), which the public function makes before it calls the launcher
-    (`triton_options`): `table` maps a GPU kind to its tuned choices, by the sizes they
+    """A GPU launcher's choices (Triton's blocks, then num_warps and num_stages; Mosaic
+    GPU's blocks and stages; in the order of its keywords), which the public function
+    makes before it calls the launcher (`triton_options`, `gpu_options`): `table` maps a GPU kind to its tuned choices, by the sizes they
     were tuned at, in the order of `dims`; None to the spec's. `least`: a block's least
     (one for all, or one each)."""
 
@@ -468,6 +468,7 @@ def kernel(
     params=None,
     tpu_blocks=None,
     triton_options=None,
+    mosaic_gpu_options=None,
     vjp=None,
     saves=None,
     residuals=None,
@@ -490,6 +491,7 @@ def kernel(
             launchers=launchers,
             tpu_blocks=tpu_blocks,
             triton_options=triton_options,
+            mosaic_gpu_options=mosaic_gpu_options,
             vjp=vjp,
             saves=saves,
             residuals=declared_arrays(residuals or ()),
@@ -569,9 +571,10 @@ class Kernel:
       module was generated for (Mosaic GPU's None where it takes no such kernel). Each
       takes the arrays, and as keywords the sizes, params and `interpret` it names, and
       its blocks: a public keyword each, `LAUNCHER_KEYWORDS` says how named.
-    - `tpu_blocks` (a `TpuBlocks`), `triton_options` (a `GpuOptions`): the TPU launcher's
-      table of blocks, the Triton launcher's of blocks and options, from which a call
-      chooses those it leaves None before it launches.
+    - `tpu_blocks` (a `TpuBlocks`), `triton_options`, `mosaic_gpu_options` (`GpuOptions`):
+      the TPU launcher's table of blocks, the Triton launcher's of blocks and options, a
+      Mosaic GPU product's of blocks and stages, from which a call chooses those it
+      leaves None before it launches.
     - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
       then the outputs' cotangents (None: the kernel is not differentiated by backward
       kernels); `saves`: the names of the arrays it reads,
@@ -599,6 +602,7 @@ class Kernel:
         launchers,
         tpu_blocks,
         triton_options,
+        mosaic_gpu_options,
         vjp,
         saves,
         residuals,
@@ -621,7 +625,7 @@ class Kernel:
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
         self.tpu_blocks = tpu_blocks and tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes))
-        self.triton_options = triton_options
+        self.triton_options, self.mosaic_gpu_options = triton_options, mosaic_gpu_options
 
         def call(*arrays, residuals=False, **keywords):
             return self._call(*arrays, residuals=residuals, **keywords)
@@ -723,6 +727,8 @@ class Kernel:
                 choose = functools.partial(_with_tpu_blocks, self.tpu_blocks, sizes)
             elif backend == "triton" and self.triton_options is not None:
                 choose = functools.partial(_with_triton_options, self.triton_options, binding, sizes)
+            elif backend == "mosaic_gpu" and self.mosaic_gpu_options is not None:
+                choose = functools.partial(_with_mosaic_gpu_options, self.mosaic_gpu_options, binding, sizes)
             kernels[backend] = None if function is None else functools.partial(_launched, function, keywords, choose)
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
@@ -785,6 +791,14 @@ def _with_triton_options(options, binding, sizes, keywords):
     at = tuple(sizes[dim] for dim in options.dims)
     values = triton_options(options.table, at, tuple(keywords[k] for k in chosen), options.least)
     return keywords | dict(zip(chosen, values))
+
+
+def _with_mosaic_gpu_options(options, binding, sizes, keywords):
+    """A Mosaic GPU product launcher's keywords with its blocks and stages chosen from
+    `options` (a `GpuOptions`) where the call gave None."""
+    chosen = [k for k, public in binding.items() if public.startswith("mgpu_")]
+    at = tuple(sizes[dim] for dim in options.dims)
+    return keywords | dict(zip(chosen, gpu_options(options.table, at, tuple(keywords[k] for k in chosen))))
 
 
 def _launcher_binding(backend, function, sizes, params):

@@ -79,7 +79,8 @@ class MosaicGpuPlan:
     launcher_body: tuple[str, ...]
     dispatch: str  # the launcher bound for the public function, or None
     stages: tuple[MosaicGpuPlan, ...] = ()  # kernels it calls in turn (stages: one fused product)
-    table: tuple[str, ...] = ()  # a product's: the comment and table of its tuned blocks and stages
+    table: tuple[str, ...] = ()  # a stage's product: its module-level table of tuned blocks and stages
+    options_table: str = ""  # a product's: the `rt.GpuOptions` its public function chooses from
 
 
 def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: bool = True) -> KeywordGroup:
@@ -103,8 +104,8 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         said = (
-            "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as"
-            f" _{checked.kernel.name}_mosaic_gpu_options chooses by GPU kind and sizes)."
+            "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its"
+            " mosaic_gpu_options choose by GPU kind and sizes)."
         )
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     chooser = (Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),) if with_triton else ()
@@ -119,9 +120,10 @@ def launcher_name(kernel: str) -> str:
     return f"_{kernel}_mosaic_gpu"
 
 
-def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicGpuPlan:
+def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True, stage: bool = False) -> MosaicGpuPlan:
     """Its plan of a kernel; a kernel it does not take runs on Triton (`with_triton`: the
-    module has Triton kernels), else on no GPU."""
+    module has Triton kernels), else on no GPU. A `stage` (of a kernel run as kernels in
+    turn) chooses its own blocks: no public function calls its launcher."""
     checked = lowered.checked
     name = checked.kernel.name
     reason = refusal(checked)
@@ -135,7 +137,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicG
     if checked.fused is not None:
         return FusedPlanner(_Planner(lowered)).plan()
     if checked.product:
-        return _ProductPlanner(lowered).plan()
+        return _ProductPlanner(lowered).plan(stage)
     if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):
         return TotalsPlanner(_Planner(lowered)).plan()
     if len(checked.space.layout) > 2 and any(d.reductions for d in checked.space.dims):
@@ -152,7 +154,7 @@ def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
     own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values(), lowered.accumulator}
     taken = lowered.namer.taken - own  # the module's names: a stage's launcher is a function of its own
     subs = [lower_kernel(s.checked, taken) for s in chain]
-    plans = [plan_mosaic_gpu(sub) for sub in subs]
+    plans = [plan_mosaic_gpu(sub, stage=True) for sub in subs]
     kernel, sizes = lowered.kernel, lowered.sizes
     params = [p.name for p in kernel.params]
     bound = [f"{sizes[d]}={sizes[d]}" for d in lowered.checked.dims] + [f"{p}={p}" for p in params]
@@ -231,9 +233,11 @@ class _Planner:
             types.append(if_residuals(shape, plan) if optional else shape)
         return f"({', '.join(types)},)"
 
-    def finish(self, kernel_parameters, kernel_body, launcher_body, chosen=None, table=()) -> MosaicGpuPlan:
-        """The plan; `chosen`: the launcher's keyword for each public one it takes (None
-        by default: a stage of a fused kernel passes none)."""
+    def finish(
+        self, kernel_parameters, kernel_body, launcher_body, chosen=None, table=(), options_table=""
+    ) -> MosaicGpuPlan:
+        """The plan; `chosen`: the launcher's keyword for each public one it takes, None by
+        default where it chooses them itself (`table`), as a stage does."""
         kernel, checked = self.kernel, self.checked
         params = [p.name for p in kernel.params]
         chosen = chosen or {}
@@ -241,7 +245,7 @@ class _Planner:
             [self.values[d.name] for d in kernel.inputs],
             [self.sizes[d] for d in checked.dims]
             + params
-            + [f"{c}=None" for c in chosen.values()]
+            + [f"{c}=None" if table else c for c in chosen.values()]
             + (["residuals"] if self.lowered.residuals else [])
             + ["interpret"],
         )
@@ -257,6 +261,7 @@ class _Planner:
             launcher_body,
             f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
             table=table,
+            options_table=options_table,
         )
 
 
@@ -388,7 +393,7 @@ class _ProductPlanner(_Planner):
     """One program per output block: a pipeline of K blocks into `plgpu.wgmma`, then the
     epilogue on the accumulator, stored through shared memory."""
 
-    def plan(self) -> MosaicGpuPlan:
+    def plan(self, stage: bool) -> MosaicGpuPlan:
         kernel, checked, sizes, product = self.kernel, self.checked, self.sizes, self.checked.product
         layout = self.out_dims = tuple(kernel.outputs[0].dims)
         batch = layout[:-2]
@@ -519,14 +524,15 @@ class _ProductPlanner(_Planner):
             keyword: pipeline_stages if what == choices.STAGES else block_keyword(what)
             for keyword, what in choices.keywords(checked).items()
         }
-        launcher = self.launcher({}, multiples, reshapes, call)
-        return self.finish(
-            kernel_parameters, kernel_body, (*self.choose(chosen), *launcher), chosen, self.choices_table(chosen)
-        )
+        launcher = (*self.choose(chosen, stage), *self.launcher({}, multiples, reshapes, call))
+        if stage:
+            table = (f"{self.table_name} = {self.choices_table()}",)
+            return self.finish(kernel_parameters, kernel_body, launcher, chosen, table)
+        return self.finish(kernel_parameters, kernel_body, launcher, chosen, options_table=self.choices_table())
 
-    def choices_table(self, chosen: dict[str, str]) -> tuple[str, ...]:
-        """The module's table of blocks and stages by device kind (`rt.gpu_options` reads
-        it): the built-in ones, and those `pallasgen tune --gpu` recorded."""
+    def choices_table(self) -> str:
+        """The kernel's `rt.GpuOptions` of blocks and stages by device kind (`rt.gpu_options`
+        reads it): the built-in ones, and those `pallasgen tune --gpu` recorded."""
         checked, what = self.checked, choices.keywords(self.checked)
         built_in = choices.defaults(checked) | {choices.STAGES: choices.DEFAULT_STAGES}
         tuned: dict[str, dict] = {}
@@ -538,15 +544,15 @@ class _ProductPlanner(_Planner):
         for kind, entries in tuned.items():
             inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
             rows.append(f"{kind!r}: {{{inner}}}")
-        return (f"{self.table_name} = {{{', '.join(rows)}}}",)
+        return f"rt.GpuOptions({{{', '.join(rows)}}}, {tuple(checked.dims)!r})"
 
     @property
     def table_name(self) -> str:
         return f"_{self.kernel.name}_mosaic_gpu_options"
 
-    def choose(self, chosen: dict[str, str]) -> list[str]:
-        """The launcher's first lines: its blocks and stages from the table where not
-        given, each checked (`rt.mgpu_check_choices`)."""
+    def choose(self, chosen: dict[str, str], stage: bool) -> list[str]:
+        """The launcher's first lines: a stage's blocks and stages from its table, then
+        each checked (`rt.mgpu_check_choices`)."""
         checked, product = self.checked, self.checked.product
         names = ", ".join(chosen.values())
         blocks = choices.block_choices(checked)
@@ -554,8 +560,9 @@ class _ProductPlanner(_Planner):
         bytes_code = choices.smem_code(
             checked, {d: block_keyword(d) for d in blocks}, chosen[choices.PREFIX + choices.STAGES]
         )
+        table = f"{self.table_name}.table, {tuple_code([self.sizes[d] for d in checked.dims])}"
         return [
-            f"{names} = rt.gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
+            *([f"{names} = rt.gpu_options({table}, ({names}))"] if stage else []),
             f"{smem} = {bytes_code}",
             f"rt.mgpu_check_choices({self.kernel.name!r}, {' '.join(blocks)!r}, ({names}), {blocks[product.k]!r}, {smem})",
         ]
