@@ -169,8 +169,7 @@ def leaky(x, *, slope=0.01):
 
 
 def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
-    x = x_ref[...]
-    dy = dy_ref[...]
+    x, dy = x_ref[...], dy_ref[...]
     pos = x > 0
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
@@ -181,10 +180,7 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
@@ -201,8 +197,7 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, slope):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    dy = rt.load(dy_ref, inside)
+    x, dy = rt.load(x_ref, inside), rt.load(dy_ref, inside)
     pos = x > 0
     rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
@@ -212,10 +207,7 @@ def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages,
         functools.partial(_leaky_backward_gpu_kernel, m=m, n=n, slope=slope),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -284,9 +276,7 @@ def leaky_backward(x, dy, *, slope=0.01):
 
 
 def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
+    x, bias, scale = x_ref[...], bias_ref[...], scale_ref[...]
     y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
 
 
@@ -320,8 +310,7 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, (None, in_n))
+    x, bias = rt.load(x_ref, inside), rt.load(bias_ref, (None, in_n))
     scale = rt.load(scale_ref, (in_m, None))
     rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
 
@@ -425,10 +414,7 @@ def bias_gelu(x, bias, scale):
 
 
 def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
-    dy = dy_ref[...]
+    x, bias, scale, dy = x_ref[...], bias_ref[...], scale_ref[...], dy_ref[...]
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -470,10 +456,8 @@ def _bias_gelu_backward_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    bias = rt.load(bias_ref, (None, in_n))
-    scale = rt.load(scale_ref, (in_m, None))
-    dy = rt.load(dy_ref, inside)
+    x, bias = rt.load(x_ref, inside), rt.load(bias_ref, (None, in_n))
+    scale, dy = rt.load(scale_ref, (in_m, None)), rt.load(dy_ref, inside)
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -586,10 +570,7 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
     def _init():
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
-    dy = dy_ref[...]
+    x, bias, scale, dy = x_ref[...], bias_ref[...], scale_ref[...], dy_ref[...]
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -787,10 +768,7 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0.0, jnp.float32)
 
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
-    dy = dy_ref[...]
+    x, bias, scale, dy = x_ref[...], bias_ref[...], scale_ref[...], dy_ref[...]
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -982,8 +960,7 @@ def bias_gelu_backward_over_n(x, bias, scale, dy):
 
 
 def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
-    x = x_ref[...]
-    scale = scale_ref[...]
+    x, scale = x_ref[...], scale_ref[...]
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
@@ -1017,8 +994,7 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    scale = rt.load(scale_ref, (in_m, None))
+    x, scale = rt.load(x_ref, inside), rt.load(scale_ref, (in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
     rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)

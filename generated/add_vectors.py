@@ -35,8 +35,7 @@ from pallasgen.runtime.support import plgpu
 
 
 def _add_vectors_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     z_ref[...] = x + y
 
 
@@ -46,10 +45,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltpu.CompilerParams(
@@ -65,8 +61,7 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n):
     (block_n,) = z_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((block_n,), in_n)
-    x = rt.load(x_ref, inside)
-    y = rt.load(y_ref, inside)
+    x, y = rt.load(x_ref, inside), rt.load(y_ref, inside)
     rt.store(z_ref, x + y, inside)
 
 
@@ -75,10 +70,7 @@ def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
         functools.partial(_add_vectors_gpu_kernel, n=n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -91,8 +83,7 @@ def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = x_smem[...]
-        y = y_smem[...]
+        x, y = x_smem[...], y_smem[...]
         z_smem[...] = x + y
 
     plgpu.emit_pipeline(

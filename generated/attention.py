@@ -70,8 +70,7 @@ def _attention_kernel(
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
+        k, v = k_ref[...], v_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
@@ -471,13 +470,8 @@ def _attention_backward_dq_kernel(
     def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        q = q_ref[...]
-        o = o_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        dlse = dlse_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
+        q, o, do, lse, dlse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...], dlse_ref[...]
+        k, v = k_ref[...], v_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
@@ -535,9 +529,7 @@ def _attention_backward_dq_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        o = o_ref[...]
-        do = do_ref[...]
-        dlse = dlse_ref[...]
+        o, do, dlse = o_ref[...], do_ref[...], dlse_ref[...]
         acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         delta_ref[...] = delta
@@ -612,10 +604,8 @@ def _attention_backward_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
-    lse = rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
+    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
@@ -656,8 +646,7 @@ def _attention_backward_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
     (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
+    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
         jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
@@ -735,8 +724,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     rt.mgpu_copy_in(dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = rt.mgpu_load_vector(lse_smem, 0)
+    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
     dlse = rt.mgpu_load_vector(dlse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
@@ -778,8 +766,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    dlse = rt.mgpu_load_vector(dlse_smem, 0)
+    do, dlse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(dlse_smem, 0)
     delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1) - dlse
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
@@ -932,12 +919,8 @@ def _attention_backward_dkdv_kernel(
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        k = k_ref[...]
-        v = v_ref[...]
-        q = q_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        delta = delta_ref[...]
+        k, v = k_ref[...], v_ref[...]
+        q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
@@ -1084,8 +1067,7 @@ def _attention_backward_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, (in_t, in_d), other=0)
-    v = rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -1200,8 +1182,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = rt.mgpu_load_vector(lse_smem, 1)
-            delta = rt.mgpu_load_vector(delta_smem, 1)
+            lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
@@ -1392,12 +1373,8 @@ def _attention_dq_kernel(
     def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        q = q_ref[...]
-        o = o_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
+        q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        k, v = k_ref[...], v_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
@@ -1445,8 +1422,7 @@ def _attention_dq_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        o = o_ref[...]
-        do = do_ref[...]
+        o, do = o_ref[...], do_ref[...]
         acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
@@ -1520,10 +1496,8 @@ def _attention_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
-    lse = rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
+    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -1553,8 +1527,7 @@ def _attention_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
     (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
+    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
@@ -1624,8 +1597,7 @@ def _attention_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
     rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = rt.mgpu_load_vector(lse_smem, 0)
+    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -1820,12 +1792,8 @@ def _attention_dkdv_kernel(
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        k = k_ref[...]
-        v = v_ref[...]
-        q = q_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        delta = delta_ref[...]
+        k, v = k_ref[...], v_ref[...]
+        q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
         st = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
@@ -1965,8 +1933,7 @@ def _attention_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, (in_t, in_d), other=0)
-    v = rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -2072,8 +2039,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = rt.mgpu_load_vector(lse_smem, 1)
-            delta = rt.mgpu_load_vector(delta_smem, 1)
+            lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
             st = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
@@ -2249,8 +2215,7 @@ def _attention_full_kernel(
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
     q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
+    k, v = k_ref[...], v_ref[...]
     logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     max_t_block = rt.fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
@@ -2561,12 +2526,8 @@ def _attention_full_backward_dq_kernel(
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    q = q_ref[...]
-    o = o_ref[...]
-    do = do_ref[...]
-    lse = lse_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
+    q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+    k, v = k_ref[...], v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -2578,8 +2539,7 @@ def _attention_full_backward_dq_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        o = o_ref[...]
-        do = do_ref[...]
+        o, do = o_ref[...], do_ref[...]
         acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
@@ -2631,10 +2591,8 @@ def _attention_full_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
-    lse = rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
+    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -2655,8 +2613,7 @@ def _attention_full_backward_dq_gpu_kernel(
         return (acc_t,)
 
     (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
+    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
@@ -2728,8 +2685,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
     rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = rt.mgpu_load_vector(lse_smem, 0)
+    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -2863,12 +2819,8 @@ def _attention_full_backward_dkdv_kernel(
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
         acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
-    k = k_ref[...]
-    v = v_ref[...]
-    q = q_ref[...]
-    do = do_ref[...]
-    lse = lse_ref[...]
-    delta = delta_ref[...]
+    k, v = k_ref[...], v_ref[...]
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
     s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -2938,8 +2890,7 @@ def _attention_full_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, (in_t, in_d), other=0)
-    v = rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -3036,8 +2987,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
         acc_s, acc_s_2 = carry
-        lse = rt.mgpu_load_vector(lse_smem, 1)
-        delta = rt.mgpu_load_vector(delta_smem, 1)
+        lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
         s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
@@ -3200,8 +3150,7 @@ def _attention_bottom_right_kernel(
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
+        k, v = k_ref[...], v_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
@@ -3615,12 +3564,8 @@ def _attention_bottom_right_backward_dq_kernel(
     def _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        q = q_ref[...]
-        o = o_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
+        q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        k, v = k_ref[...], v_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
@@ -3677,8 +3622,7 @@ def _attention_bottom_right_backward_dq_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        o = o_ref[...]
-        do = do_ref[...]
+        o, do = o_ref[...], do_ref[...]
         acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
@@ -3755,10 +3699,8 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
-    lse = rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
+    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -3795,8 +3737,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
     (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
+    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
@@ -3868,8 +3809,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
     rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = rt.mgpu_load_vector(lse_smem, 0)
+    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -4063,12 +4003,8 @@ def _attention_bottom_right_backward_dkdv_kernel(
     ):
         """A strip of the step's block: the refs are views of its rows and columns, which
         start at the positions given and hold as many as its extents say."""
-        k = k_ref[...]
-        v = v_ref[...]
-        q = q_ref[...]
-        do = do_ref[...]
-        lse = lse_ref[...]
-        delta = delta_ref[...]
+        k, v = k_ref[...], v_ref[...]
+        q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
@@ -4220,8 +4156,7 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = rt.load(k_ref, (in_t, in_d), other=0)
-    v = rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -4338,8 +4273,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = rt.mgpu_load_vector(lse_smem, 1)
-            delta = rt.mgpu_load_vector(delta_smem, 1)
+            lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
@@ -4517,8 +4451,7 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
     q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
+    k, v = k_ref[...], v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
@@ -4818,12 +4751,8 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    q = q_ref[...]
-    o = o_ref[...]
-    do = do_ref[...]
-    lse = lse_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
+    q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+    k, v = k_ref[...], v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -4835,8 +4764,7 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
-        o = o_ref[...]
-        do = do_ref[...]
+        o, do = o_ref[...], do_ref[...]
         acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
@@ -4893,10 +4821,8 @@ def _gqa_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q = rt.load(q_ref, (in_s, in_d), other=0)
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
-    lse = rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
+    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -4917,8 +4843,7 @@ def _gqa_backward_dq_gpu_kernel(
         return (acc_t,)
 
     (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
-    o = rt.load(o_ref, (in_s, in_d), other=0)
-    do = rt.load(do_ref, (in_s, in_d), other=0)
+    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
@@ -4995,8 +4920,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     rt.mgpu_copy_in(do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
     rt.mgpu_copy_in(lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = rt.mgpu_load_vector(lse_smem, 0)
+    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -5129,12 +5053,8 @@ def _gqa_backward_dkdv_kernel(
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
         acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
-    k = k_ref[...]
-    v = v_ref[...]
-    q = q_ref[...]
-    do = do_ref[...]
-    lse = lse_ref[...]
-    delta = delta_ref[...]
+    k, v = k_ref[...], v_ref[...]
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
     s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -5207,8 +5127,7 @@ def _gqa_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_r_ref.shape
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k = rt.load(k_ref, (in_t, in_d), other=0)
-    v = rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -5308,8 +5227,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
         acc_s, acc_s_2 = carry
-        lse = rt.mgpu_load_vector(lse_smem, 1)
-        delta = rt.mgpu_load_vector(delta_smem, 1)
+        lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
         s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
@@ -5440,8 +5358,7 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
 
 
 def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
-    dk_r = dk_r_ref[...]
-    dv_r = dv_r_ref[...]
+    dk_r, dv_r = dk_r_ref[...], dv_r_ref[...]
     dk_ref[...] = jnp.sum(dk_r, axis=2, keepdims=True).astype(jnp.bfloat16)
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
@@ -5454,12 +5371,8 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         # One step per block of B, block of G, block of T (R, D taken whole); steps are independent, so every axis is
         # parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
-        in_specs=[
-            # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
-            # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
-        ],
+        # dk_r, dv_r: f32[B, G, R, T, D]
+        in_specs=[pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0))] * 2,
         out_specs=(
             # dk: bf16[B, G, T, D], broadcast over R
             pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
@@ -5509,12 +5422,8 @@ def _gqa_backward_over_r_gpu(
         # One program per block of B, block of G, block of T, block of D; programs run concurrently. Each holds
         # all of R (one block of the next power of two).
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
-        in_specs=[
-            # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
-            # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
-        ],
+        # dk_r, dv_r: f32[B, G, R, T, D]
+        in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l))] * 2,
         out_specs=(
             # dk: bf16[B, G, T, D], broadcast over R
             pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
@@ -5627,8 +5536,7 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    w = w_ref[...]
+    x, w = x_ref[...], w_ref[...]
     acc_k_lhs = rt.fill_past(x, k_start, k, 1, 0, ragged=k % block_k)
     acc_k_rhs = rt.fill_past(w, k_start, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
@@ -5895,8 +5803,7 @@ def matmul_softmax(x, w):
 
 
 def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
-    y = y_ref[...]
-    dy = dy_ref[...]
+    y, dy = y_ref[...], dy_ref[...]
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
@@ -5907,10 +5814,7 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
         _matmul_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))] * 2,  # y, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
@@ -5927,8 +5831,7 @@ def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    y = rt.load(y_ref, inside)
-    dy = rt.load(dy_ref, inside)
+    y, dy = rt.load(y_ref, inside), rt.load(dy_ref, inside)
     rt.store(
         dacc_ref,
         (y * (dy - jnp.sum(rt.fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(jnp.bfloat16),
@@ -5945,10 +5848,7 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
         # of two).
         grid=(pl.cdiv(m, block_m),),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))] * 2,  # y, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -6047,8 +5947,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dacc = dacc_ref[...]
-    w = w_ref[...]
+    dacc, w = dacc_ref[...], w_ref[...]
     acc_n_lhs = (
         rt.fill_past(dacc.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dacc
     )
@@ -6215,8 +6114,7 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    dacc = dacc_ref[...]
+    x, dacc = x_ref[...], dacc_ref[...]
     acc_m_lhs = rt.fill_past(x.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else x
     acc_m_rhs = (
         rt.fill_past(dacc.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dacc
@@ -6374,9 +6272,7 @@ def matmul_softmax_backward_w(x, dacc):
 
 
 def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
-    x = x_ref[...]
-    g = g_ref[...]
-    w = w_ref[...]
+    x, g, w = x_ref[...], g_ref[...], w_ref[...]
     h = x.astype(jnp.float32)
     y_ref[...] = jnp.dot(
         (h * jax.lax.rsqrt(jnp.sum((h * h), axis=1, keepdims=True) / k + 1e-06) * g).astype(jnp.bfloat16),
@@ -6415,8 +6311,7 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     in_k = rt.inside(0, block_k, k)
-    x = rt.load(x_ref, (in_m, in_k), other=0)
-    g = rt.load(g_ref, (None, in_k), other=0)
+    x, g = rt.load(x_ref, (in_m, in_k), other=0), rt.load(g_ref, (None, in_k), other=0)
     w = rt.load(w_ref, (in_k, in_n), other=0)
     h = x.astype(jnp.float32)
     rt.store(
@@ -6475,8 +6370,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers
 
     def write(indices, x_smem, g_smem):
         start = indices[0] * block_k
-        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        x, g = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1)), rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
@@ -6645,8 +6539,7 @@ def rmsnorm_matmul(x, g, w):
 
 
 def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
-    x = x_ref[...]
-    g = g_ref[...]
+    x, g = x_ref[...], g_ref[...]
     h = x.astype(jnp.float32)
     mean_k = jnp.sum((h * h), axis=1, keepdims=True) / k
     mean_k_ref[...] = mean_k
@@ -6688,8 +6581,7 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
-    x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, (None, in_k))
+    x, g = rt.load(x_ref, inside), rt.load(g_ref, (None, in_k))
     h = x.astype(jnp.float32)
     mean_k = jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
     rt.store(mean_k_ref, mean_k, (in_m, None))
@@ -6752,8 +6644,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
     def write(indices, x_smem, g_smem):
         start = indices[0] * block_k
-        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        x, g = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1)), rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
@@ -6833,8 +6724,7 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dy = dy_ref[...]
-    w = w_ref[...]
+    dy, w = dy_ref[...], w_ref[...]
     acc_n_lhs = (
         rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
     )
@@ -7001,8 +6891,7 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, 
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    lhs = lhs_ref[...]
-    dy = dy_ref[...]
+    lhs, dy = lhs_ref[...], dy_ref[...]
     acc_m_lhs = (
         rt.fill_past(lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else lhs
     )
@@ -7162,10 +7051,7 @@ def rmsnorm_matmul_backward_w(lhs, dy):
 
 
 def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, k):
-    x = x_ref[...]
-    g = g_ref[...]
-    mean_k = mean_k_ref[...]
-    dlhs = dlhs_ref[...]
+    x, g, mean_k, dlhs = x_ref[...], g_ref[...], mean_k_ref[...], dlhs_ref[...]
     h = x.astype(jnp.float32)
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)
@@ -7208,9 +7094,7 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, 
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
     inside = rt.mask((block_m, block_k), in_m, in_k)
-    x = rt.load(x_ref, inside)
-    g = rt.load(g_ref, (None, in_k))
-    mean_k = rt.load(mean_k_ref, (in_m, None))
+    x, g, mean_k = rt.load(x_ref, inside), rt.load(g_ref, (None, in_k)), rt.load(mean_k_ref, (in_m, None))
     dlhs = rt.load(dlhs_ref, inside)
     h = x.astype(jnp.float32)
     lhs_2 = mean_k + 1e-06
@@ -7257,8 +7141,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, g_smem, dlhs_smem, carry):
         (sum_k_running,) = carry
         start = indices[0] * block_k
-        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        x, g = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1)), rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         dlhs_1 = dlhs.astype(jnp.float32)
@@ -7283,8 +7166,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
 
     def write(indices, x_smem, g_smem, dlhs_smem):
         start = indices[0] * block_k
-        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        x, g = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1)), rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         dlhs_1 = dlhs.astype(jnp.float32)
@@ -7378,9 +7260,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
     def _init():
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
-    x = x_ref[...]
-    mean_k = mean_k_ref[...]
-    dlhs = dlhs_ref[...]
+    x, mean_k, dlhs = x_ref[...], mean_k_ref[...], dlhs_ref[...]
     h = x.astype(jnp.float32)
     lhs_1 = mean_k + 1e-06
     lhs_2 = jax.lax.rsqrt(lhs_1)

@@ -35,14 +35,8 @@ from pallasgen.runtime.support import plgpu
 
 
 def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps):
-    ax1 = ax1_ref[...]
-    ay1 = ay1_ref[...]
-    ax2 = ax2_ref[...]
-    ay2 = ay2_ref[...]
-    bx1 = bx1_ref[...]
-    by1 = by1_ref[...]
-    bx2 = bx2_ref[...]
-    by2 = by2_ref[...]
+    ax1, ay1, ax2, ay2, bx1 = ax1_ref[...], ay1_ref[...], ax2_ref[...], ay2_ref[...], bx1_ref[...]
+    by1, bx2, by2 = by1_ref[...], bx2_ref[...], by2_ref[...]
     area_a = (ax2 - ax1) * (ay2 - ay1)
     area_b = (bx2 - bx1) * (by2 - by1)
     inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -61,16 +55,8 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
-        ],
+        # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2: f32[B, N]
+        in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 8,
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
@@ -91,14 +77,9 @@ def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_r
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
-    ax1 = rt.load(ax1_ref, inside)
-    ay1 = rt.load(ay1_ref, inside)
-    ax2 = rt.load(ax2_ref, inside)
-    ay2 = rt.load(ay2_ref, inside)
-    bx1 = rt.load(bx1_ref, inside)
-    by1 = rt.load(by1_ref, inside)
-    bx2 = rt.load(bx2_ref, inside)
-    by2 = rt.load(by2_ref, inside)
+    ax1, ay1, ax2 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside), rt.load(ax2_ref, inside)
+    ay2, bx1, by1 = rt.load(ay2_ref, inside), rt.load(bx1_ref, inside), rt.load(by1_ref, inside)
+    bx2, by2 = rt.load(bx2_ref, inside), rt.load(by2_ref, inside)
     area_a = (ax2 - ax1) * (ay2 - ay1)
     area_b = (bx2 - bx1) * (by2 - by1)
     inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -114,16 +95,8 @@ def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         functools.partial(_giou_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
-        ],
+        # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2: f32[B, N]
+        in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 8,
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -260,15 +233,8 @@ def _giou_backward_kernel(
     *,
     eps,
 ):
-    ax1 = ax1_ref[...]
-    ay1 = ay1_ref[...]
-    ax2 = ax2_ref[...]
-    ay2 = ay2_ref[...]
-    bx1 = bx1_ref[...]
-    by1 = by1_ref[...]
-    bx2 = bx2_ref[...]
-    by2 = by2_ref[...]
-    dgiou = dgiou_ref[...]
+    ax1, ay1, ax2, ay2, bx1 = ax1_ref[...], ay1_ref[...], ax2_ref[...], ay2_ref[...], bx1_ref[...]
+    by1, bx2, by2, dgiou = by1_ref[...], bx2_ref[...], by2_ref[...], dgiou_ref[...]
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1
     area_a = area_a_1 * area_a_2
@@ -373,17 +339,8 @@ def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, b
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dgiou: f32[B, N]
-        ],
+        # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou: f32[B, N]
+        in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 9,
         out_specs=(
             pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
             pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
@@ -444,15 +401,9 @@ def _giou_backward_gpu_kernel(
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_b, block_n), in_b, in_n)
-    ax1 = rt.load(ax1_ref, inside)
-    ay1 = rt.load(ay1_ref, inside)
-    ax2 = rt.load(ax2_ref, inside)
-    ay2 = rt.load(ay2_ref, inside)
-    bx1 = rt.load(bx1_ref, inside)
-    by1 = rt.load(by1_ref, inside)
-    bx2 = rt.load(bx2_ref, inside)
-    by2 = rt.load(by2_ref, inside)
-    dgiou = rt.load(dgiou_ref, inside)
+    ax1, ay1, ax2 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside), rt.load(ax2_ref, inside)
+    ay2, bx1, by1 = rt.load(ay2_ref, inside), rt.load(bx1_ref, inside), rt.load(by1_ref, inside)
+    bx2, by2, dgiou = rt.load(bx2_ref, inside), rt.load(by2_ref, inside), rt.load(dgiou_ref, inside)
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1
     area_a = area_a_1 * area_a_2
@@ -563,17 +514,8 @@ def _giou_backward_gpu(
         functools.partial(_giou_backward_gpu_kernel, b=b, n=n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # ay2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # bx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # by2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dgiou: f32[B, N]
-        ],
+        # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou: f32[B, N]
+        in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 9,
         out_specs=(
             pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
             pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]

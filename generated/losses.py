@@ -59,8 +59,7 @@ def _cross_entropy_kernel(
         logsumexp_over_v_sum_ref[...] = jnp.full(logsumexp_over_v_sum_ref.shape, 0.0, jnp.float32)
         sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
 
-    logits = logits_ref[...]
-    label = label_ref[...]
+    logits, label = logits_ref[...], label_ref[...]
     z = logits.astype(jnp.float32)
     logsumexp_over_v_block = rt.fill_past(z, step * block_v, v, 1, -jnp.inf, ragged=v % block_v)
     logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
@@ -340,9 +339,7 @@ def cross_entropy(logits, label):
 
 
 def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v):
-    logits = logits_ref[...]
-    label = label_ref[...]
-    logsumexp_v = logsumexp_v_ref[...]
+    logits, label, logsumexp_v = logits_ref[...], label_ref[...], logsumexp_v_ref[...]
     dloss = dloss_ref[...]
     z = logits.astype(jnp.float32)
     loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
@@ -384,10 +381,8 @@ def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, d
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
     inside = rt.mask((block_m, block_v), in_m, in_v)
-    logits = rt.load(logits_ref, inside)
-    label = rt.load(label_ref, (in_m, None))
-    logsumexp_v = rt.load(logsumexp_v_ref, (in_m, None))
-    dloss = rt.load(dloss_ref, (in_m, None))
+    logits, label = rt.load(logits_ref, inside), rt.load(label_ref, (in_m, None))
+    logsumexp_v, dloss = rt.load(logsumexp_v_ref, (in_m, None)), rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
     loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)

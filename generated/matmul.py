@@ -46,8 +46,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
     acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
@@ -211,8 +210,7 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dz = dz_ref[...]
-    y = y_ref[...]
+    dz, y = dz_ref[...], y_ref[...]
     acc_n_lhs = rt.fill_past(dz, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + (
@@ -367,8 +365,7 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    dz = dz_ref[...]
+    x, dz = x_ref[...], dz_ref[...]
     acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_rhs = rt.fill_past(dz, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
@@ -525,8 +522,7 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
     acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
@@ -736,9 +732,7 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    acc = acc_ref[...]
-    dz = dz_ref[...]
-    y = y_ref[...]
+    acc, dz, y = acc_ref[...], dz_ref[...], y_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
     acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
@@ -966,9 +960,7 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    acc = acc_ref[...]
-    dz = dz_ref[...]
-    x = x_ref[...]
+    acc, dz, x = acc_ref[...], dz_ref[...], x_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
     acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
     acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
@@ -1197,8 +1189,7 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
     acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
@@ -1422,10 +1413,7 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    acc = acc_ref[...]
-    bias = bias_ref[...]
-    dz = dz_ref[...]
-    y = y_ref[...]
+    acc, bias, dz, y = acc_ref[...], bias_ref[...], dz_ref[...], y_ref[...]
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
@@ -1697,9 +1685,7 @@ def _matmul_bias_gelu_backward_y_kernel(
         sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
     bias = bias_ref[...]
-    acc = acc_ref[...]
-    dz = dz_ref[...]
-    x = x_ref[...]
+    acc, dz, x = acc_ref[...], dz_ref[...], x_ref[...]
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
@@ -2057,8 +2043,7 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.int32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     acc_k_lhs = rt.fill_past(x.astype(jnp.int32), step * block_k, k, 1, 0).astype(jnp.int8) if k % block_k else x
     acc_k_rhs = rt.fill_past(y.astype(jnp.int32), step * block_k, k, 0, 0).astype(jnp.int8) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32)
@@ -2219,8 +2204,7 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
     acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
@@ -2389,8 +2373,7 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dz = dz_ref[...]
-    y = y_ref[...]
+    dz, y = dz_ref[...], y_ref[...]
     dacc = dz.astype(jnp.bfloat16)
     acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
@@ -2616,8 +2599,7 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    dz = dz_ref[...]
-    x = x_ref[...]
+    dz, x = dz_ref[...], x_ref[...]
     dacc = dz.astype(jnp.bfloat16)
     acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
     acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
@@ -2837,8 +2819,7 @@ def batched_matmul_backward_y(dz, x):
 
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
-    q = q_ref[...]
-    k = k_ref[...]
+    q, k = q_ref[...], k_ref[...]
     s_ref[...] = (
         jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
         if k.shape[0] == 1
@@ -3108,8 +3089,7 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    dacc = dacc_ref[...]
-    k = k_ref[...]
+    dacc, k = dacc_ref[...], k_ref[...]
     acc_t_lhs = (
         rt.fill_past(dacc.astype(jnp.float32), step * block_t, t, 1, 0).astype(jnp.bfloat16) if t % block_t else dacc
     )
@@ -3269,8 +3249,7 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
 
-    dacc = dacc_ref[...]
-    q = q_ref[...]
+    dacc, q = dacc_ref[...], q_ref[...]
     acc_s_lhs = (
         rt.fill_past(dacc.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16) if s % block_s else dacc
     )
@@ -3434,8 +3413,7 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     def _init():
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
-    x = x_ref[...]
-    w = w_ref[...]
+    x, w = x_ref[...], w_ref[...]
     acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
     acc_k_rhs = rt.fill_past(w.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else w
     acc_k_ref[...] = acc_k_ref[...] + (
@@ -3764,8 +3742,7 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     def _init():
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dy = dy_ref[...]
-    w = w_ref[...]
+    dy, w = dy_ref[...], w_ref[...]
     acc_n_lhs = (
         rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
     )
@@ -3918,8 +3895,7 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
     def _init():
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    dy = dy_ref[...]
-    x = x_ref[...]
+    dy, x = dy_ref[...], x_ref[...]
     acc_m_lhs = (
         rt.fill_past(dy.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dy
     )

@@ -40,9 +40,7 @@ from pallasgen.runtime.support import plgpu
 
 
 def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, n, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    b = b_ref[...]
+    x, w, b = x_ref[...], w_ref[...], b_ref[...]
     h = x.astype(jnp.float32)
     mu = jnp.sum(h, axis=1, keepdims=True) / n
     mu_ref[...] = mu
@@ -101,9 +99,7 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
-    b = rt.load(b_ref, (None, in_n))
+    x, w, b = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n)), rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
     rt.store(mu_ref, mu, (in_m, None))
@@ -218,8 +214,7 @@ def _layer_norm_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem, b_smem):
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
@@ -335,14 +330,8 @@ def layer_norm(x, w, b, *, eps=1e-05):
 def _layer_norm_backward_kernel(
     x_ref, w_ref, mu_ref, rstd_ref, mean_n_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, n, eps
 ):
-    x = x_ref[...]
-    w = w_ref[...]
-    mu = mu_ref[...]
-    rstd = rstd_ref[...]
-    mean_n = mean_n_ref[...]
-    dy = dy_ref[...]
-    dmu = dmu_ref[...]
-    drstd = drstd_ref[...]
+    x, w, mu, rstd, mean_n = x_ref[...], w_ref[...], mu_ref[...], rstd_ref[...], mean_n_ref[...]
+    dy, dmu, drstd = dy_ref[...], dmu_ref[...], drstd_ref[...]
     h = x.astype(jnp.float32)
     d = h - mu
     rstd_1 = mean_n + eps
@@ -397,13 +386,9 @@ def _layer_norm_backward_gpu_kernel(
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
-    mu = rt.load(mu_ref, (in_m, None))
-    rstd = rt.load(rstd_ref, (in_m, None))
-    mean_n = rt.load(mean_n_ref, (in_m, None))
-    dy = rt.load(dy_ref, inside)
-    dmu = rt.load(dmu_ref, (in_m, None))
+    x, w, mu = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n)), rt.load(mu_ref, (in_m, None))
+    rstd, mean_n = rt.load(rstd_ref, (in_m, None)), rt.load(mean_n_ref, (in_m, None))
+    dy, dmu = rt.load(dy_ref, inside), rt.load(dmu_ref, (in_m, None))
     drstd = rt.load(drstd_ref, (in_m, None))
     h = x.astype(jnp.float32)
     d = h - mu
@@ -486,8 +471,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
@@ -515,8 +499,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     def reduce_2(indices, x_smem, w_smem, dy_smem, carry):
         (sum_over_n_running,) = carry
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
@@ -547,8 +530,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem, dy_smem):
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
@@ -671,10 +653,7 @@ def _layer_norm_backward_over_m_kernel(
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
         sum_over_m_running_ref[...] = jnp.full(sum_over_m_running_ref.shape, 0.0, jnp.float32)
 
-    x = x_ref[...]
-    mu = mu_ref[...]
-    rstd = rstd_ref[...]
-    dy = dy_ref[...]
+    x, mu, rstd, dy = x_ref[...], mu_ref[...], rstd_ref[...], dy_ref[...]
     h = x.astype(jnp.float32)
     d = h - mu
     y_1 = d * rstd
@@ -881,8 +860,7 @@ def layer_norm_backward_over_m(x, mu, rstd, dy):
 
 
 def _rms_norm_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
-    x = x_ref[...]
-    w = w_ref[...]
+    x, w = x_ref[...], w_ref[...]
     h = x.astype(jnp.float32)
     mean_n = jnp.sum((h * h), axis=1, keepdims=True) / n
     if mean_n_ref is not None:
@@ -928,8 +906,7 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
+    x, w = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
     if mean_n_ref is not None:
@@ -992,8 +969,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_
 
     def write(indices, x_smem, w_smem):
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
@@ -1083,10 +1059,7 @@ def rms_norm(x, w, *, eps=1e-06):
 
 
 def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, eps):
-    x = x_ref[...]
-    w = w_ref[...]
-    mean_n = mean_n_ref[...]
-    dy = dy_ref[...]
+    x, w, mean_n, dy = x_ref[...], w_ref[...], mean_n_ref[...], dy_ref[...]
     h = x.astype(jnp.float32)
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
@@ -1129,9 +1102,7 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    w = rt.load(w_ref, (None, in_n))
-    mean_n = rt.load(mean_n_ref, (in_m, None))
+    x, w, mean_n = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n)), rt.load(mean_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     h = x.astype(jnp.float32)
     y_2 = mean_n + eps
@@ -1178,8 +1149,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         dy_1 = dy.astype(jnp.float32)
@@ -1204,8 +1174,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem, dy_smem):
         start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         dy_1 = dy.astype(jnp.float32)
@@ -1301,9 +1270,7 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
     def _init():
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
-    x = x_ref[...]
-    mean_n = mean_n_ref[...]
-    dy = dy_ref[...]
+    x, mean_n, dy = x_ref[...], mean_n_ref[...], dy_ref[...]
     h = x.astype(jnp.float32)
     y_1 = mean_n + eps
     y_2 = jax.lax.rsqrt(y_1)

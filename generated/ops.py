@@ -36,8 +36,7 @@ from pallasgen.runtime.support import plgpu
 
 # Also `add_i32`'s: the same code, written once.
 def _add_f32_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     z_ref[...] = x + y
 
 
@@ -47,10 +46,7 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
@@ -68,8 +64,7 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    y = rt.load(y_ref, inside)
+    x, y = rt.load(x_ref, inside), rt.load(y_ref, inside)
     rt.store(z_ref, x + y, inside)
 
 
@@ -78,10 +73,7 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -270,8 +262,7 @@ def add_f32_backward(dz):
 
 # Also `mul_i32`'s: the same code, written once.
 def _mul_f32_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     z_ref[...] = x * y
 
 
@@ -281,10 +272,7 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltpu.CompilerParams(
@@ -302,8 +290,7 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    y = rt.load(y_ref, inside)
+    x, y = rt.load(x_ref, inside), rt.load(y_ref, inside)
     rt.store(z_ref, x * y, inside)
 
 
@@ -312,10 +299,7 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -390,9 +374,7 @@ def mul_f32(x, y):
 
 
 def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
-    x = x_ref[...]
-    y = y_ref[...]
-    dz = dz_ref[...]
+    x, y, dz = x_ref[...], y_ref[...], dz_ref[...]
     dx_ref[...] = dz * y
     dy_ref[...] = dz * x
 
@@ -404,11 +386,7 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         _mul_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dz: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 3,  # x, y, dz: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
@@ -430,9 +408,7 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    y = rt.load(y_ref, inside)
-    dz = rt.load(dz_ref, inside)
+    x, y, dz = rt.load(x_ref, inside), rt.load(y_ref, inside), rt.load(dz_ref, inside)
     rt.store(dx_ref, dz * y, inside)
     rt.store(dy_ref, dz * x, inside)
 
@@ -442,11 +418,7 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
         functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dz: f32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 3,  # x, y, dz: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
@@ -658,8 +630,7 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = rt.as_rows(x_ref[...])
-    y = rt.as_rows(y_ref[...])
+    x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
@@ -676,10 +647,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: f32[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
@@ -717,10 +685,7 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[
-            pl.BlockSpec((size_n,), lambda: (0,)),  # x: f32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),  # y: f32[N]
-        ],
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -808,10 +773,7 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
@@ -828,10 +790,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -911,10 +870,7 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltpu.CompilerParams(
@@ -931,10 +887,7 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i32[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -1139,10 +1092,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i32[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
@@ -1161,10 +1111,7 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[
-            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
-        ],
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -1247,8 +1194,7 @@ def equal_count_i32(x, y):
 
 
 def _add_i8_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
@@ -1258,10 +1204,7 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
@@ -1278,10 +1221,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         functools.partial(_add_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -1356,8 +1296,7 @@ def add_i8(x, y):
 
 
 def _mul_i8_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
+    x, y = x_ref[...], y_ref[...]
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
@@ -1367,10 +1306,7 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltpu.CompilerParams(
@@ -1387,10 +1323,7 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         functools.partial(_mul_f32_gpu_kernel, m=m, n=n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: i8[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: i8[M, N]
-        ],
+        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -1600,8 +1533,7 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = rt.as_rows(x_ref[...])
-    y = rt.as_rows(y_ref[...])
+    x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows(
         (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32),
         step * block_n,
@@ -1624,10 +1556,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i8[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i8[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
@@ -1646,7 +1575,7 @@ def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpr
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[pl.BlockSpec((size_n,), lambda: (0,)), pl.BlockSpec((size_n,), lambda: (0,))],  # x: i8[N]  # y: i8[N]
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),

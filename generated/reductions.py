@@ -931,10 +931,7 @@ def quantize_rows_int8(x):
 
 
 def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, n):
-    x = x_ref[...]
-    max_n = max_n_ref[...]
-    argmax_n = argmax_n_ref[...]
-    dscale = dscale_ref[...]
+    x, max_n, argmax_n, dscale = x_ref[...], max_n_ref[...], argmax_n_ref[...], dscale_ref[...]
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
@@ -976,10 +973,8 @@ def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dsca
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    max_n = rt.load(max_n_ref, (in_m, None))
-    argmax_n = rt.load(argmax_n_ref, (in_m, None))
-    dscale = rt.load(dscale_ref, (in_m, None))
+    x, max_n = rt.load(x_ref, inside), rt.load(max_n_ref, (in_m, None))
+    argmax_n, dscale = rt.load(argmax_n_ref, (in_m, None)), rt.load(dscale_ref, (in_m, None))
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
@@ -1101,8 +1096,7 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = rt.as_rows(x_ref[...])
-    y = rt.as_rows(y_ref[...])
+    x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
@@ -1119,10 +1113,7 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
-        in_specs=[
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # x: i32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # y: i32[N]
-        ],
+        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
@@ -1159,10 +1150,7 @@ def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret)
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
         grid=(),
-        in_specs=[
-            pl.BlockSpec((size_n,), lambda: (0,)),  # x: i32[N]
-            pl.BlockSpec((size_n,), lambda: (0,)),  # y: i32[N]
-        ],
+        in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),

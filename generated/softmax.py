@@ -302,10 +302,7 @@ def softmax(x):
 
 
 def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, n):
-    x = x_ref[...]
-    sum_n = sum_n_ref[...]
-    argmax_n = argmax_n_ref[...]
-    max_n = max_n_ref[...]
+    x, sum_n, argmax_n, max_n = x_ref[...], sum_n_ref[...], argmax_n_ref[...], max_n_ref[...]
     dy = dy_ref[...]
     e = jnp.exp(x - max_n)
     de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True)
@@ -348,10 +345,8 @@ def _softmax_backward_gpu_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_r
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    sum_n = rt.load(sum_n_ref, (in_m, None))
-    argmax_n = rt.load(argmax_n_ref, (in_m, None))
-    max_n = rt.load(max_n_ref, (in_m, None))
+    x, sum_n = rt.load(x_ref, inside), rt.load(sum_n_ref, (in_m, None))
+    argmax_n, max_n = rt.load(argmax_n_ref, (in_m, None)), rt.load(max_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
     de = dy / sum_n + jnp.sum(rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True)
@@ -739,9 +734,7 @@ def log_softmax(x):
 
 
 def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
-    x = x_ref[...]
-    logsumexp_n = logsumexp_n_ref[...]
-    dy = dy_ref[...]
+    x, logsumexp_n, dy = x_ref[...], logsumexp_n_ref[...], dy_ref[...]
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
@@ -775,8 +768,7 @@ def _log_softmax_backward_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, 
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
     inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
-    logsumexp_n = rt.load(logsumexp_n_ref, (in_m, None))
+    x, logsumexp_n = rt.load(x_ref, inside), rt.load(logsumexp_n_ref, (in_m, None))
     dy = rt.load(dy_ref, inside)
     rt.store(
         dx_ref,

@@ -411,8 +411,10 @@ def test_show_states_the_grid_index_maps_and_semantics_of_the_generated_module(n
         params = keywords["compiler_params"]
         semantics = [ast.literal_eval(k.value) for k in params.keywords if k.arg == "dimension_semantics"][0]
     assert [role for _, _, role in facts["grid"]] == list(semantics)
-    outs = keywords["out_specs"]
-    specs = keywords["in_specs"].elts + (outs.elts if isinstance(outs, ast.Tuple) else [outs])
+    outs, ins = keywords["out_specs"], keywords["in_specs"]
+    if isinstance(ins, ast.BinOp):  # [spec] * n: every input's BlockSpec is the same
+        ins = ast.List(ins.left.elts * ins.right.value)
+    specs = ins.elts + (outs.elts if isinstance(outs, ast.Tuple) else [outs])
     drawn = len(decls(checked))  # then the residuals', written under jax.grad only: `spec if residuals else None`
     assert all(isinstance(spec, ast.IfExp) for spec in specs[drawn:])
     for decl, spec in zip(decls(checked), specs[:drawn], strict=True):

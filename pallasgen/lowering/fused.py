@@ -16,7 +16,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Carry, walk_outside
 from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import body_statements, tuple_code
+from pallasgen.lowering.parts import assigned_together, body_statements, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import (
     accumulators,
@@ -187,10 +187,13 @@ class FusedLowering:
         return jnp_dtype(self.types[node].dtype.name)
 
     def _loads(self, statements, extra_roots=(), skip=()) -> list[str]:
-        """Loads of the inputs the statements and roots read (not under nodes in `skip`)."""
+        return assigned_together(self._load_pairs(statements, extra_roots, skip))
+
+    def _load_pairs(self, statements, extra_roots=(), skip=()) -> list[tuple[str, str]]:
+        """(value, load) of the inputs the statements and roots read (not under nodes in `skip`)."""
         roots = [*(s.value for s in statements), *extra_roots]
         used = {n.id for root in roots for n in walk_outside(root, skip) if isinstance(n, ir.Name)}
-        return [f"{self.lowered.values[d.name]} = {self.load(d)}" for d in self.checked.kernel.inputs if d.name in used]
+        return [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
 
     def _store_all(self, statements, emitter, store) -> list[str]:
         kernel, lowered = self.checked.kernel, self.lowered
@@ -242,10 +245,10 @@ class FusedLowering:
         for node, core in sweep.unfactored.items():
             extra[node] = lambda e, core=core: e.emit(core)
 
-        loads = self._loads(sweep.step, [c.value for c in sweep.carries])
+        loads = self._load_pairs(sweep.step, [c.value for c in sweep.carries])
         varying = {self.lowered.values[d.name] for d in self.checked.kernel.inputs if dim in d.dims}
-        before = [line for line in loads if line.split(" = ")[0] not in varying]
-        lines = [line for line in loads if line not in before]
+        before = assigned_together([load for load in loads if load[0] not in varying])
+        lines = assigned_together([load for load in loads if load[0] in varying])
         pending = [c for c in sweep.carries if c.kind == "max"]
         emitted: set[str] = set()
         lets = {s.name: s for s in sweep.step}

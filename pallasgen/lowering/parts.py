@@ -12,6 +12,36 @@ ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 LINE_LENGTH = 120
 
 
+def assigned_together(pairs: list[tuple[str, str]], width: int = LINE_LENGTH - 16) -> list[str]:
+    """`name = value` for each (name, value), consecutive ones in one tuple assignment
+    (`x, y = x_ref[...], y_ref[...]`) while its line fits `width`: for values that read
+    none of the names, as loads do."""
+    lines, group = [], []
+    for pair in [*pairs, None]:
+        joined = group + [pair] if pair else group
+        text = f"{', '.join(n for n, _ in joined)} = {', '.join(v for _, v in joined)}"
+        if pair and (not group or len(text) <= width):
+            group = joined
+            continue
+        if group:
+            lines.append(f"{', '.join(n for n, _ in group)} = {', '.join(v for _, v in group)}")
+        group = [pair]
+    return lines
+
+
+def written_specs(specs: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], int]:
+    """(comment, BlockSpec) pairs as a list of specs writes them, and its count: where every
+    array's BlockSpec is the same, one pair whose comment names them all, `count` times."""
+    if len(specs) < 2 or len({spec for _, spec in specs}) > 1:
+        return specs, 1
+    names, rests = zip(*(comment.partition(": ")[::2] for comment, _ in specs))
+    if len(set(rests)) == 1 and rests[0]:
+        comment = f"{', '.join(names)}: {rests[0]}"
+    else:
+        comment = "; ".join(comment for comment, _ in specs)
+    return ((comment, specs[0][1]),), len(specs)
+
+
 def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
     """The dimensions an array is blocked over: a product operand keeps its own; any
     other array is laid out over the kernel's layout `out_dims` (IterationSpace.layout),
@@ -115,7 +145,7 @@ def load_statements(kernel, values, checked, load, only=None) -> list[str]:
     used = used_names(kernel)
     operands = {o.name for o in checked.product.operands} if checked.product else set()
     wanted = [d for d in kernel.inputs if d.name in used - operands and (only is None or d.name in only)]
-    return [f"{values[d.name]} = {load(d)}" for d in wanted]
+    return assigned_together([(values[d.name], load(d)) for d in wanted])
 
 
 def body_statements(kernel, statements, emitter: Emitter, values, refs, checked, store, shape_of=None) -> list[str]:

@@ -21,6 +21,7 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    written_specs,
     if_residuals,
     saved_only,
     LINE_LENGTH,
@@ -86,6 +87,10 @@ class GpuPlan:
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
+
+    @property
+    def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.in_specs)
 
     @property
     def options_table(self) -> str:

@@ -178,9 +178,9 @@ class _Lowering(FusedLowering):
         result = self.types[node].dtype.name
         return lines, code if result == "f32" else f"{code}.astype({jnp_dtype(result)})"
 
-    def _loads(self, statements, extra_roots=(), skip=()) -> list[str]:
-        """Loads of the inputs the statements read as values (not those a product reads
-        from shared memory)."""
+    def _load_pairs(self, statements, extra_roots=(), skip=()) -> list[tuple[str, str]]:
+        """(value, load) of the inputs the statements read as values (not those a product
+        reads from shared memory)."""
         roots = [*(s.value for s in statements), *extra_roots]
         used, stack = set(), list(roots)
         while stack:
@@ -195,7 +195,7 @@ class _Lowering(FusedLowering):
                 stack += [v for v in (product.lhs, product.rhs) if not self.direct(v, dtype)]
                 continue
             stack += _children(node)
-        return [f"{self.lowered.values[d.name]} = {self.load(d)}" for d in self.checked.kernel.inputs if d.name in used]
+        return [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
 
     # -- running values ----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import layout_of, parameter_list, tuple_code
+from pallasgen.lowering.parts import assigned_together, layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
 
@@ -87,11 +87,11 @@ class OuterPlanner:
             return f"plgpu.BlockSpec({block}, lambda s: {index})"
 
         def loads(decls) -> list[str]:
-            lines = []
+            pairs = []
             for decl in decls:
                 positions = tuple_code([str(plane.index(d)) for d in own(decl) if d in plane])
-                lines.append(f"{self.values[decl.name]} = rt.mgpu_load({smem[decl.name]}, {shape}, {positions})")
-            return lines
+                pairs.append((self.values[decl.name], f"rt.mgpu_load({smem[decl.name]}, {shape}, {positions})"))
+            return assigned_together(pairs)
 
         emitter = Emitter(self.lowered.names, self.checked.types, {}, spelling=_Spelling(sizes), **EMITTER_OPTIONS)
         names, initial, update = list(running.values()), [], []

@@ -26,7 +26,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, copy_out, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import parameter_list, saved_only, tuple_code
+from pallasgen.lowering.parts import assigned_together, parameter_list, saved_only, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import accumulators, compute_dtype, finish_code, identity, reduced_dim
 
@@ -258,10 +258,9 @@ class SweepPlanner:
 
     def _block_loads(self, inputs) -> list[str]:
         positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
-        return [
-            f"{self.values[d.name]} = rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})"
-            for d in inputs
-        ]
+        return assigned_together(
+            [(self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})") for d in inputs]
+        )
 
     def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:
         return [

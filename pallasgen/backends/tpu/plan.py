@@ -31,6 +31,7 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
+    written_specs,
     if_residuals,
     array_positions,
     grid_names,
@@ -131,6 +132,10 @@ class TpuPlan:
     vmem: Vmem  # what vmem_comment and vmem_needed count
     prologue: tuple[str, ...] = ()  # first, outside any pl.when: where this step's blocks start
     helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
+
+    @property
+    def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.in_specs)
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:

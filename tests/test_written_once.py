@@ -1,0 +1,54 @@
+"""Generated code says a thing once: a kernel's loads read together, every input's
+BlockSpec written once where they are all the same, a ragged block's fill one call."""
+
+from __future__ import annotations
+
+import pytest
+
+from pallasgen.lowering.parts import assigned_together, written_specs
+from pallasgen.workspace.pipeline import generate
+
+pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+
+SPEC = """kernel fma {
+    in  a: f32[M, N]
+    in  b: f32[M, N]
+    in  c: f32[M, N]
+    out y: f32[M, N]
+    y = a * b + c
+}
+"""
+
+
+def test_loads_are_one_assignment_while_the_line_fits():
+    loads = [(name, f"rt.load({name}_ref, inside)") for name in ("ax1", "ay1", "ax2", "ay2", "bx1")]
+    assert assigned_together(loads[:2]) == ["ax1, ay1 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside)"]
+    lines = assigned_together(loads, width=80)
+    assert lines == [
+        "ax1, ay1 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside)",
+        "ax2, ay2 = rt.load(ax2_ref, inside), rt.load(ay2_ref, inside)",
+        "bx1 = rt.load(bx1_ref, inside)",
+    ]
+    assert assigned_together([]) == []
+
+
+def test_the_same_blockspec_of_every_input_is_written_once_naming_them_all():
+    spec = "pl.BlockSpec((block_n,), lambda i: (i,))"
+    assert written_specs((("x: f32[N]", spec), ("y: f32[N]", spec))) == ((("x, y: f32[N]", spec),), 2)
+    mixed = (("x: f32[N]", spec), ("w: bf16[N]", spec))
+    assert written_specs(mixed) == ((("x: f32[N]; w: bf16[N]", spec),), 2)
+    other = (("x: f32[N]", spec), ("y: f32[N]", "pl.BlockSpec((1,), lambda i: (0,))"))
+    assert written_specs(other) == (other, 1)
+
+
+def test_a_generated_kernel_reads_its_blocks_together_and_writes_their_spec_once():
+    source = generate(SPEC, "fma.pallas", "fma.pallas")
+    assert "a, b, c = a_ref[...], b_ref[...], c_ref[...]" in source  # TPU
+    assert "a, b, c = rt.load(a_ref, inside), rt.load(b_ref, inside), rt.load(c_ref, inside)" in source  # Triton
+    assert source.count("] * 3,  # a, b, c: f32[M, N]") == 2  # the TPU's and Triton's in_specs
+
+
+def test_a_ragged_blocks_fill_is_one_call_that_says_when_it_applies():
+    spec = "kernel rows {\n    in  x: f32[M, N]\n    out s: f32[M]\n    s = sum(x, N)\n    block M = 8, N = 128\n}\n"
+    source = generate(spec, "rows.pallas", "rows.pallas")
+    assert "ragged=n % block_n)" in source and "if n % block_n:" not in source
