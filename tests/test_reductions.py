@@ -364,7 +364,7 @@ def test_a_reduction_to_a_scalar_keeps_a_running_value_per_position_of_its_block
     assert not accumulates_elementwise(column_sums.kernel, "M")  # N stays: a row of sums per block
     assert not accumulates_elementwise(argmax.kernel, "N")  # a row reduction
     generated = (Path(__file__).resolve().parents[1] / "generated" / "reductions.py").read_text()
-    assert "x = rt.as_rows(x_ref[...])" in generated  # equal_count
+    assert "x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])" in generated  # equal_count
     assert "scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)]" in generated  # equal_count
     assert "scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)]" in generated  # column_sums
 
