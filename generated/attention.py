@@ -22,9 +22,10 @@ A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpr
 copies, the outputs sliced back).
 
 A kernel whose backward kernels read forward values it does not output (its residuals:
-values that cost more to recompute than to save) has launchers that take `residuals`: true in the forward pass under jax.grad, they write
-them too, after its outputs (`NAME.with_residuals(...)` returns them); false, its kernel
-gets None for their Refs and writes nothing there.
+values that cost more to recompute than to save) has launchers that take `residuals`:
+true in the forward pass under jax.grad, they write them too, after its outputs
+(`NAME.with_residuals(...)` returns them); false, its kernel gets None for their Refs
+and writes nothing there.
 """
 
 import functools
