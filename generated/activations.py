@@ -640,10 +640,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
+    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
     rt.store(dbias_ref, sum_m, inside)
 
 
@@ -689,7 +686,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -700,7 +697,6 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref, scale_ref, dy_ref)
-    sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
@@ -838,10 +834,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, 1), 0.0, jnp.float32),)
-    )
-    sum_n = sum_n_running
+    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, 1), 0.0, jnp.float32),))
     rt.store(dscale_ref, sum_n, inside)
 
 
@@ -887,7 +880,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -898,7 +891,6 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, bias_ref, dy_ref)
-    sum_n = sum_n_running
     dscale = sum_n
     dscale_smem[...] = dscale
     rt.mgpu_copy_out((dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)]))

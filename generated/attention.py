@@ -5678,14 +5678,13 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
-    (max_n_running,) = plgpu.emit_pipeline(
+    (max_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(acc_ref)
-    max_n = max_n_running
 
     def reduce_2(indices, acc_smem, carry):
         (sum_n_running,) = carry
@@ -5697,14 +5696,13 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(acc_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(acc_ref)
-    sum_n = sum_n_running
 
     def write(indices, acc_smem):
         start = indices[0] * block_n
@@ -5870,14 +5868,13 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buf
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(y_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(y_ref, dy_ref)
-    sum_n = sum_n_running
 
     def write(indices, y_smem, dy_smem):
         start = indices[0] * block_n
@@ -7151,7 +7148,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
         return (sum_k_running,)
 
-    (sum_k_running,) = plgpu.emit_pipeline(
+    (sum_k,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
@@ -7162,7 +7159,6 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, g_ref, dlhs_ref)
-    sum_k = sum_k_running
     dlhs_3 = sum_k * (-0.5 * (lhs_3 / lhs_2)) / k
 
     def write(indices, x_smem, g_smem, dlhs_smem):
@@ -7324,10 +7320,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_k), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
+    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_k), 0.0, jnp.float32),))
     rt.store(dg_ref, sum_m, inside)
 
 
@@ -7371,7 +7364,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -7382,7 +7375,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_k, 0.0, jnp.float32, 1),),
     )(x_ref, mean_k_ref, dlhs_ref)
-    sum_m = sum_m_running
     dg = sum_m
     dg_smem[...] = dg
     rt.mgpu_copy_out((dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)]))

@@ -156,7 +156,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
         return logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running
 
-    logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = jax.lax.fori_loop(
+    logsumexp_over_v_max, logsumexp_over_v_sum, sum_v = jax.lax.fori_loop(
         0,
         pl.cdiv(v, block_v),
         accumulate,
@@ -167,7 +167,6 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
         ),
     )
     logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
-    sum_v = sum_v_running
     logsumexp_v = logsumexp_over_v
     if logsumexp_v_ref is not None:
         rt.store(logsumexp_v_ref, logsumexp_v, inside)
@@ -239,7 +238,7 @@ def _cross_entropy_mosaic_gpu_kernel(
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
 
-    logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = plgpu.emit_pipeline(
+    logsumexp_over_v_running, logsumexp_over_v_index, sum_v = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
         in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
@@ -251,7 +250,6 @@ def _cross_entropy_mosaic_gpu_kernel(
         ),
     )(logits_ref)
     logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
-    sum_v = sum_v_running
     logsumexp_v = logsumexp_over_v
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss

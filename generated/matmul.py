@@ -1836,7 +1836,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[0] // block_m,),
         in_specs=[
@@ -1846,7 +1846,6 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(acc_ref, dz_ref)
-    sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
@@ -3647,10 +3646,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
+    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
     rt.store(dbias_ref, sum_m, inside)
 
 
@@ -3680,14 +3676,13 @@ def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, 
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(dy_ref.shape[0] // block_m,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(dy_ref)
-    sum_m = sum_m_running
     dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))

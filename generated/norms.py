@@ -482,7 +482,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -493,7 +493,6 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
-    sum_n = sum_n_running
     drstd_total = drstd + sum_n
     drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
 
@@ -515,7 +514,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
-    (sum_over_n_running,) = plgpu.emit_pipeline(
+    (sum_over_n,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -526,7 +525,6 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
-    sum_over_n = sum_over_n_running
     dmu_total = dmu + sum_over_n
 
     def write(indices, x_smem, w_smem, dy_smem):
@@ -729,14 +727,12 @@ def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_r
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
         return sum_m_running, sum_over_m_running
 
-    sum_m_running, sum_over_m_running = jax.lax.fori_loop(
+    sum_m, sum_over_m = jax.lax.fori_loop(
         0,
         pl.cdiv(m, block_m),
         accumulate,
         (jnp.full((1, block_n), 0.0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    sum_m = sum_m_running
-    sum_over_m = sum_over_m_running
     rt.store(dw_ref, sum_m, inside)
     rt.store(db_ref, sum_over_m, inside)
 
@@ -785,7 +781,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
 
-    sum_m_running, sum_over_m_running = plgpu.emit_pipeline(
+    sum_m, sum_over_m = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -797,8 +793,6 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1), rt.mgpu_full(block_n, 0.0, jnp.float32, 1)),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
-    sum_m = sum_m_running
-    sum_over_m = sum_over_m_running
     dw = sum_m
     db = sum_over_m
     dw_smem[...] = dw
@@ -1159,7 +1153,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1170,7 +1164,6 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
-    sum_n = sum_n_running
     dy_3 = sum_n * (-0.5 * (y_3 / y_2)) / n
 
     def write(indices, x_smem, w_smem, dy_smem):
@@ -1333,10 +1326,7 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
+    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
     rt.store(dw_ref, sum_m, inside)
 
 
@@ -1378,7 +1368,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -1389,7 +1379,6 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref, mean_n_ref, dy_ref)
-    sum_m = sum_m_running
     dw = sum_m
     dw_smem[...] = dw
     rt.mgpu_copy_out((dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]))

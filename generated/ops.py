@@ -557,14 +557,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+    _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
@@ -675,8 +674,7 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
-    sum_n = sum_n_running
+    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
     n_ref[...] = sum_n
 
 
@@ -1020,14 +1018,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+    _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
@@ -1461,14 +1458,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+    _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))

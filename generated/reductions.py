@@ -105,14 +105,13 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         )
         return (argmax_n_running, argmax_n_index)
 
-    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+    _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    argmax_n = argmax_n_index
     i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
@@ -232,13 +231,12 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
         )
         return argmax_n_max, argmax_n_index
 
-    argmax_n_max, argmax_n_index = jax.lax.fori_loop(
+    _, argmax_n = jax.lax.fori_loop(
         0,
         pl.cdiv(n, block_n),
         accumulate,
         (jnp.full((block_m, 1), -jnp.inf, jnp.float32), jnp.full((block_m, 1), 0, jnp.int32)),
     )
-    argmax_n = argmax_n_index
     rt.store(i_ref, argmax_n, inside)
 
 
@@ -358,14 +356,13 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         )
         return (argmin_n_running, argmin_n_index)
 
-    argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
+    _, argmin_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    argmin_n = argmin_n_index
     i = argmin_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
@@ -476,10 +473,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
+    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
     rt.store(s_ref, sum_m, inside)
 
 
@@ -508,14 +502,13 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
 
-    (sum_m_running,) = plgpu.emit_pipeline(
+    (sum_m,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref)
-    sum_m = sum_m_running
     s = sum_m
     s_smem[...] = s
     rt.mgpu_copy_out((s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)]))
@@ -807,7 +800,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
+    max_over_n, _, argmax_over_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
@@ -818,8 +811,6 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
             rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_over_n = max_over_n_running
-    argmax_over_n = argmax_over_n_index
     max_n = max_over_n
     s = jnp.maximum(max_n, 1e-30) / 127
     scale = s
@@ -1141,8 +1132,7 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
-    (sum_n_running,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
-    sum_n = sum_n_running
+    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
     n_ref[...] = sum_n
 
 

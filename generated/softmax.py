@@ -164,7 +164,7 @@ def _softmax_mosaic_gpu_kernel(
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
+    max_over_n, _, argmax_over_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
@@ -175,8 +175,6 @@ def _softmax_mosaic_gpu_kernel(
             rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_over_n = max_over_n_running
-    argmax_over_n = argmax_over_n_index
     max_n = max_over_n
     argmax_n = argmax_over_n
 
@@ -189,14 +187,13 @@ def _softmax_mosaic_gpu_kernel(
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
-    (sum_over_n_running,) = plgpu.emit_pipeline(
+    (sum_over_n,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    sum_over_n = sum_over_n_running
     sum_n = sum_over_n
     sum_n_smem[...] = sum_n
     argmax_n_smem[...] = argmax_n
@@ -430,14 +427,13 @@ def _softmax_backward_mosaic_gpu_kernel(
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
 
-    (sum_over_n_running,) = plgpu.emit_pipeline(
+    (sum_over_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
-    sum_over_n = sum_over_n_running
 
     def reduce_2(indices, x_smem, dy_smem, carry):
         (sum_n_2_running,) = carry
@@ -451,14 +447,13 @@ def _softmax_backward_mosaic_gpu_kernel(
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
         return (sum_n_2_running,)
 
-    (sum_n_2_running,) = plgpu.emit_pipeline(
+    (sum_n_2,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
-    sum_n_2 = sum_n_2_running
 
     def write(indices, x_smem, dy_smem):
         start = indices[0] * block_n
@@ -815,14 +810,13 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
-    (sum_n_running,) = plgpu.emit_pipeline(
+    (sum_n,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(dy_ref)
-    sum_n = sum_n_running
 
     def write(indices, x_smem, dy_smem):
         start = indices[0] * block_n

@@ -1,11 +1,12 @@
 """Generated code says a thing once: a kernel's loads read together, every input's
-BlockSpec written once where they are all the same, a ragged block's fill one call."""
+BlockSpec written once where they are all the same, a ragged block's fill one call, a
+loop's results unpacked into their own names."""
 
 from __future__ import annotations
 
 import pytest
 
-from pallasgen.lowering.parts import assigned_together, written_specs
+from pallasgen.lowering.parts import assigned_together, unpacked_results, written_specs
 from pallasgen.workspace.pipeline import generate
 
 pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
@@ -52,3 +53,10 @@ def test_a_ragged_blocks_fill_is_one_call_that_says_when_it_applies():
     spec = "kernel rows {\n    in  x: f32[M, N]\n    out s: f32[M]\n    s = sum(x, N)\n    block M = 8, N = 128\n}\n"
     source = generate(spec, "rows.pallas", "rows.pallas")
     assert "ragged=n % block_n)" in source and "if n % block_n:" not in source
+
+
+def test_a_loops_running_values_unpack_into_the_results_they_are():
+    assert unpacked_results(["sum_n_running"], [("sum_n", "sum_n_running")]) == ("sum_n,", [])
+    running = ["max_running", "argmax_index", "top", "total"]
+    finishes = [("argmax_n", "argmax_index"), ("lse", "rt.logsumexp_finish(top, total)")]
+    assert unpacked_results(running, finishes) == ("_, argmax_n, top, total", ["lse = rt.logsumexp_finish(top, total)"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pallasgen.frontend import ir
 from pallasgen.analysis.product import Product
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -27,6 +29,20 @@ def assigned_together(pairs: list[tuple[str, str]], width: int = LINE_LENGTH - 1
             lines.append(f"{', '.join(n for n, _ in group)} = {', '.join(v for _, v in group)}")
         group = [pair]
     return lines
+
+
+def unpacked_results(running: list[str], finishes: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """The target that unpacks a loop's `running` values, and the lines that finish each
+    (result, code) of `finishes`: a result whose code is one of the running values is
+    unpacked into its own name (no `sum_n = sum_n_running`), and the others it leaves
+    out are `_`."""
+    direct = {code: result for result, code in finishes if code in running}
+    read = " ".join(code for result, code in finishes if code not in running)
+    targets = [
+        direct.get(name, name if re.search(rf"\b{name}\b", read) else "_") for name in running
+    ]
+    lines = [f"{result} = {code}" for result, code in finishes if code not in running]
+    return ", ".join(targets) + ("," if len(targets) == 1 else ""), lines
 
 
 def written_specs(specs: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], int]:

@@ -21,6 +21,7 @@ from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
+    unpacked_results,
     written_specs,
     if_residuals,
     saved_only,
@@ -435,6 +436,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     init = [f"jnp.full({shape}, {acc.initial}, {acc.dtype})" for r in reductions for acc in r.accumulators]
     step_lines = [line for r in reductions for line in r.step]
     carried = ", ".join(running) + ("," if len(running) == 1 else "")
+    outer, finished = unpacked_results(running, [(r.result, r.finish) for r in reductions])
     loop = [
         *held_starts,
         *load_statements(kernel, values, checked, load, only=before),
@@ -452,10 +454,10 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         *(f"    {line}" for line in step_lines),
         f"    return {carried}",
         "",
-        f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(init)}{',' if len(init) == 1 else ''}))",
+        f"{outer} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(init)}{',' if len(init) == 1 else ''}))",
     ]
     last = lowered.emitter(spelling=spelling, overrides={r.node: r.result for r in reductions})
-    body = [f"{r.result} = {r.finish}" for r in reductions]
+    body = list(finished)
     body += body_statements(kernel, sweep.finish, last, values, refs, checked, store)
     return loop, body
 

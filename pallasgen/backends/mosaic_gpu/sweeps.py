@@ -26,7 +26,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, copy_out, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, parameter_list, saved_only, tuple_code
+from pallasgen.lowering.parts import assigned_together, parameter_list, saved_only, tuple_code, unpacked_results
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import accumulators, compute_dtype, finish_code, identity, reduced_dim
 
@@ -296,9 +296,10 @@ class SweepPlanner:
                 f"{block} = rt.mgpu_fill_past({value}, {self.start}, {size}, {self.axis}, {identity(kind, dtype)}, ragged={ragged})",
                 f"{', '.join(names)} = {self._combined(kind, names, block)}",
             ]
-            results.append(f"{result} = {finish_code(kind, names, dtype, size)}")
+            results.append((result, finish_code(kind, names, dtype, size)))
         step = self.namer.claim(f"reduce_{number}")
         carried = tuple_code(running)
+        outer, finished = unpacked_results(running, results)
         pipeline = self._pipeline(step, inputs, program, steps, tuple_code(initial))
         return [
             f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs), self.carry])}):",
@@ -309,9 +310,9 @@ class SweepPlanner:
             *(f"    {line}" for line in update),
             f"    return {carried}",
             "",
-            f"{carried} = {pipeline[0]}",
+            f"{outer} = {pipeline[0]}",
             *pipeline[1:],
-            *results,
+            *finished,
         ]
 
     def _combined(self, kind: str, running: list[str], block: str) -> str:
