@@ -394,42 +394,45 @@ def _differentiable_kernels(kernels) -> list:
 
 def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str, vmem_mib, json_path, grad) -> None:
     import json
-    import tempfile
 
     from pallasgen.devices import estimate
     from pallasgen.devices import runner
+    from pallasgen.devices.apart import ApartEstimator, ProfileAborted
     from pallasgen.devices.compile_only import CompileError
 
     records = []
     failed = False
-    with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
-        estimator = estimate.Estimator(chip, Path(profile_dir))
-        click.echo(f"TPU {chip}, {estimate.LABEL}; speedup over XLA = XLA cycles / kernel cycles (above 1: faster)")
-        for module, checked in kernels:
-            dims = runner.sizes_for(checked, given)
-            limit = vmem_mib * 1024 * 1024 if vmem_mib else None
-            try:
-                result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit, grad)
-            except CompileError as error:
-                failed = True
-                click.echo(f"{checked.kernel.name}: does not compile for TPU {chip}: {error.message}")
-                continue
-            click.echo(estimate.describe(result))
-            percent, peak = estimate.percent_of_peak(result) or (None, None)
-            records.append(
-                {
-                    "kernel": result.kernel,
-                    "forward_and_backward": grad,
-                    "sizes": result.sizes,
-                    "blocks": _block_options(checked, blocks),
-                    "kernel_cycles": result.kernel_cycles,
-                    "mosaic_cycles": result.mosaic_cycles,
-                    "xla_cycles": result.xla_cycles,
-                    "speedup_over_xla": result.speedup,
-                    "percent_of_peak": percent,
-                    "peak": peak,
-                }
-            )
+    estimator = ApartEstimator(chip)
+    click.echo(f"TPU {chip}, {estimate.LABEL}; speedup over XLA = XLA cycles / kernel cycles (above 1: faster)")
+    for module, checked in kernels:
+        dims = runner.sizes_for(checked, given)
+        limit = vmem_mib * 1024 * 1024 if vmem_mib else None
+        try:
+            result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit, grad)
+        except ProfileAborted as error:
+            failed = True
+            click.echo(f"{checked.kernel.name}: no estimate for TPU {chip}: {error.message}")
+            continue
+        except CompileError as error:
+            failed = True
+            click.echo(f"{checked.kernel.name}: does not compile for TPU {chip}: {error.message}")
+            continue
+        click.echo(estimate.describe(result))
+        percent, peak = estimate.percent_of_peak(result) or (None, None)
+        records.append(
+            {
+                "kernel": result.kernel,
+                "forward_and_backward": grad,
+                "sizes": result.sizes,
+                "blocks": _block_options(checked, blocks),
+                "kernel_cycles": result.kernel_cycles,
+                "mosaic_cycles": result.mosaic_cycles,
+                "xla_cycles": result.xla_cycles,
+                "speedup_over_xla": result.speedup,
+                "percent_of_peak": percent,
+                "peak": peak,
+            }
+        )
     if json_path is not None:
         payload = {"chip": chip, "what": estimate.LABEL, "vmem_limit_mib": vmem_mib, "results": records}
         json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

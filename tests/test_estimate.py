@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_run_and_bench import invoke, project  # noqa: F401  (a fixture)
@@ -20,6 +21,9 @@ PROFILE = """hlo_op_estimate {
   scalar_inputs: 0
 }
 """
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def estimate(**fields) -> Estimate:
@@ -154,3 +158,31 @@ def test_a_percent_of_peak_past_100_is_flagged_as_past_the_physical_limit():
     assert "311% of HBM peak" in line
     assert "past the physical limit" in line and "not a bound" in line
     assert "physical limit" not in describe(estimate(bytes_moved=three_hbm / 4))
+
+
+ABORTING_MODULE = """
+import os
+
+
+def add_vectors(x, y, interpret=None):
+    os.abort()  # as libtpu's static profile does on some kernels
+
+
+add_vectors.reference = lambda x, y: x + y
+"""
+
+
+def test_an_estimate_whose_compile_aborts_its_process_is_that_kernels_error(tmp_path):
+    """Each estimate runs in a process of its own (devices.apart): an abort there, as
+    libtpu's static profile gives on v5e for attention's backward kernels at a ragged S,
+    is that kernel's error, which `bench --chip` prints as a line before it goes on."""
+    from pallasgen.devices.apart import ApartEstimator, ProfileAborted, _aborted
+    from pallasgen.devices.runner import load_module
+    from pallasgen.workspace.pipeline import check_source
+
+    (checked,) = check_source((ROOT / "specs" / "add_vectors.pallas").read_text(), "specs/add_vectors.pallas")
+    module = load_module(ABORTING_MODULE, tmp_path / "aborting.py")
+    with pytest.raises(ProfileAborted, match=r"the compile ended its process \(signal 6;"):
+        ApartEstimator("v5e").estimate(module, checked, {"N": 4096}, {})
+    said = _aborted(-6, "F1127 12:57:27.5 8051 llo_module.cc:66] Check failed: TakeStatus() is OK\nmore")
+    assert said.endswith("kernels that compile): Check failed: TakeStatus() is OK")

@@ -130,6 +130,10 @@ class Estimator:
             raise RuntimeError(f"libtpu wrote no {PROFILE_FLAG} profile: was a TPU backend started before?")
         return cycles, set(_MOSAIC_CALL.findall(compiled.as_text()))
 
+    def remember_xla(self, module, checked: CheckedKernel, sizes: dict[str, int], grad: bool, cycles: int) -> None:
+        """XLA's cycles for the kernel's reference at `sizes`, as an earlier compile found them."""
+        self._xla_cycles[(module.__name__, checked.kernel.name, tuple(sizes.items()), grad)] = cycles
+
     def estimate(
         self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None, grad=False
     ) -> Estimate:

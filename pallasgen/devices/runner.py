@@ -65,6 +65,7 @@ def load_module(source: str, path: Path) -> types.ModuleType:
     """A generated module executed from its text, which `path` holds or would hold."""
     module = types.ModuleType(f"pallasgen_generated_{path.stem}")
     module.__file__ = str(path)
+    module.__pallasgen_source__ = source  # for a process of its own to load it again (devices.apart)
     sys.modules[module.__name__] = module
     exec(compile(source, str(path), "exec"), module.__dict__)
     return module
