@@ -499,9 +499,8 @@ def tune(
     With --gpu --gpu-backend mosaic_gpu, Mosaic GPU's blocks and pipeline stages
     (`mgpu_*`) of the products it takes, recorded apart from Triton's.
     """
-    import tempfile
-
     from pallasgen.devices import estimate
+    from pallasgen.devices.apart import ApartEstimator
     from pallasgen.devices.compile_only import CompileError
     from pallasgen.devices.tune import MEASURE, tune as search
     from pallasgen.workspace.tuning import entry_for, read_tuning, tuning_path, with_entry
@@ -533,33 +532,32 @@ def tune(
     if gpu:
         _write_tuning(path, _tune_gpu(kernels, given, budget, tuning, device, gpu_backend))
         return
-    with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
-        estimator = estimate.Estimator(chip, Path(profile_dir))
-        for module, checked in kernels:
-            dims = {d: given[d] for d in checked.dims}
-            label = f"Tuning {checked.kernel.name} for {chip}"
-            with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
-                previous = entry_for(tuning, checked, chip, dims)
-                before = previous and previous.blocks.blocks
-                given_start = {d: b for d, b in starts.items() if d in backend_named("tpu").tunable_dims(checked)}
-                try:
-                    found = search(estimator, module, checked, dims, budget, bar.update, before, given_start)
-                except CompileError as error:
-                    _usage_error(f"{checked.kernel.name}: {error}")
-            best, start = found.best, found.start
-            best_ratio = estimate.ratio(best.cost, found.xla_cost)
-            started = (
-                f"{estimate.describe_speedup(start.cost, found.xla_cost)}" if start.cost else f"rejected: {start.error}"
-            )
-            click.echo(
-                f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"
-                f" {estimate.describe_speedup(best.cost, found.xla_cost)} (XLA {found.xla_cost:,});"
-                f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
-                f" {_pairs(start.blocks)}"
-                f" {started}; {counted(len(found.trials), 'compile')}"
-            )
-            entry = _tuned_entry(found, best_ratio, (MEASURE, "cycles", "compiles"), chip, dims, best.blocks)
-            tuning = with_entry(tuning, checked, entry)
+    estimator = ApartEstimator(chip)
+    for module, checked in kernels:
+        dims = {d: given[d] for d in checked.dims}
+        label = f"Tuning {checked.kernel.name} for {chip}"
+        with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
+            previous = entry_for(tuning, checked, chip, dims)
+            before = previous and previous.blocks.blocks
+            given_start = {d: b for d, b in starts.items() if d in backend_named("tpu").tunable_dims(checked)}
+            try:
+                found = search(estimator, module, checked, dims, budget, bar.update, before, given_start)
+            except CompileError as error:
+                _usage_error(f"{checked.kernel.name}: {error}")
+        best, start = found.best, found.start
+        best_ratio = estimate.ratio(best.cost, found.xla_cost)
+        started = (
+            f"{estimate.describe_speedup(start.cost, found.xla_cost)}" if start.cost else f"rejected: {start.error}"
+        )
+        click.echo(
+            f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"
+            f" {estimate.describe_speedup(best.cost, found.xla_cost)} (XLA {found.xla_cost:,});"
+            f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
+            f" {_pairs(start.blocks)}"
+            f" {started}; {counted(len(found.trials), 'compile')}"
+        )
+        entry = _tuned_entry(found, best_ratio, (MEASURE, "cycles", "compiles"), chip, dims, best.blocks)
+        tuning = with_entry(tuning, checked, entry)
     _write_tuning(path, tuning)
 
 

@@ -370,3 +370,17 @@ def test_tune_needs_every_dimensions_size(project):  # noqa: F811
     result = pallasgen("tune", "specs/add_vectors.pallas", "--chip", "v5e")
     assert result.exit_code == 2
     assert "add_vectors: give the size of every dimension to tune at (missing: N)" in result.stderr
+
+
+def test_a_tune_where_no_block_set_compiles_is_a_compile_error_naming_the_first():
+    """As when libtpu's static profile aborts every candidate's compile (devices.apart)."""
+    from pallasgen.devices.tune import tune
+
+    class Refusing:
+        chip = "v5e"
+
+        def estimate(self, module, checked, sizes, options):
+            raise CompileError("libtpu", "the compile ended its process (signal 6)")
+
+    with pytest.raises(CompileError, match=r"no block set compiled; the first error: .*signal 6"):
+        tune(Refusing(), generated("add_vectors"), checked_spec("add_vectors", "add_vectors"), {"N": 4096}, 3, print)

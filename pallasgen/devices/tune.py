@@ -145,7 +145,7 @@ def tune(
     start.update(given or {})
     first = [dict(previous)] if previous and given else []
     trials = search(checked, sizes, start, measure, budget, progress, first)
-    return best_of(trials, start, xla_cycles[0], "mosaic")
+    return best_of(trials, start, xla_cycles[0] if xla_cycles else 0, "mosaic")  # none: best_of refuses
 
 
 def best_of(trials: list[Trial], start: dict[str, int], xla_cost: float, compiler: str) -> Tuned:
