@@ -397,7 +397,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
 
     from pallasgen.devices import estimate
     from pallasgen.devices import runner
-    from pallasgen.devices.apart import ApartEstimator, ProfileAborted
+    from pallasgen.devices.apart import ApartEstimator, NoEstimate
     from pallasgen.devices.compile_only import CompileError
 
     records = []
@@ -409,7 +409,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
         limit = vmem_mib * 1024 * 1024 if vmem_mib else None
         try:
             result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit, grad)
-        except ProfileAborted as error:
+        except NoEstimate as error:
             failed = True
             click.echo(f"{checked.kernel.name}: no estimate for TPU {chip}: {error.message}")
             continue

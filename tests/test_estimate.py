@@ -176,13 +176,13 @@ def test_an_estimate_whose_compile_aborts_its_process_is_that_kernels_error(tmp_
     """Each estimate runs in a process of its own (devices.apart): an abort there, as
     libtpu's static profile gives on v5e for attention's backward kernels at a ragged S,
     is that kernel's error, which `bench --chip` prints as a line before it goes on."""
-    from pallasgen.devices.apart import ApartEstimator, ProfileAborted, _aborted
+    from pallasgen.devices.apart import ApartEstimator, NoEstimate, _aborted
     from pallasgen.devices.runner import load_module
     from pallasgen.workspace.pipeline import check_source
 
     (checked,) = check_source((ROOT / "specs" / "add_vectors.pallas").read_text(), "specs/add_vectors.pallas")
     module = load_module(ABORTING_MODULE, tmp_path / "aborting.py")
-    with pytest.raises(ProfileAborted, match=r"the compile ended its process \(signal 6;"):
+    with pytest.raises(NoEstimate, match=r"the compile ended its process \(signal 6;"):
         ApartEstimator("v5e").estimate(module, checked, {"N": 4096}, {})
     said = _aborted(-6, "F1127 12:57:27.5 8051 llo_module.cc:66] Check failed: TakeStatus() is OK\nmore")
     assert said.endswith("kernels that compile): Check failed: TakeStatus() is OK")

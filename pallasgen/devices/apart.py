@@ -1,7 +1,7 @@
 """TPU estimates, each in a process of its own: libtpu's static profile aborts the process
 on some kernels that compile (on v5e, attention's backward kernels at a ragged S: a
 `Check failed` in its LLO dumper, then SIGABRT). Apart, such an abort is one kernel's
-error (`ProfileAborted`), not the end of `pallasgen bench --chip` or `tune`.
+error (`NoEstimate`), not the end of `pallasgen bench --chip` or `tune`.
 
 A child costs about a second to start libtpu; XLA's cycles for a reference are computed
 once and passed to later children of the same kernel and sizes.
@@ -11,7 +11,6 @@ once and passed to later children of the same kernel and sizes.
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
@@ -20,13 +19,14 @@ from pathlib import Path
 
 from pallasgen.devices.compile_only import CompileError
 
-MOST_SECONDS = 1800  # a child that runs longer is stopped: no estimate took a minute
+MOST_SECONDS = 1800  # a child that runs longer is stopped, and its kernel has no estimate
 
 
-class ProfileAborted(CompileError):
-    """libtpu ended the process while it compiled the kernel with its static profile."""
+class NoEstimate(CompileError):
+    """The child process ended without an estimate: libtpu aborted it while it compiled the
+    kernel with its static profile, or it ran past MOST_SECONDS."""
 
-    def __init__(self, message: str, details: str):
+    def __init__(self, message: str, details: str = ""):
         super().__init__("libtpu", message, details)
 
 
@@ -43,15 +43,13 @@ class ApartEstimator:
         with tempfile.TemporaryDirectory(prefix="pallasgen-estimate-") as folder:
             job_path, result_path = Path(folder, "job"), Path(folder, "result")
             job_path.write_bytes(pickle.dumps((*job, self._xla_cycles.get(key))))
-            done = subprocess.run(
-                [sys.executable, "-m", "pallasgen.devices.apart", str(job_path), str(result_path)],
-                capture_output=True,
-                text=True,
-                timeout=MOST_SECONDS,
-                env={**os.environ, "PYTHONWARNINGS": "ignore"},
-            )
+            command = [sys.executable, "-m", "pallasgen.devices.apart", str(job_path), str(result_path)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=MOST_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise NoEstimate(f"the compile ran past {MOST_SECONDS} s and was stopped") from None
             if not result_path.is_file():
-                raise ProfileAborted(_aborted(done.returncode, done.stderr), done.stderr)
+                raise NoEstimate(_aborted(done.returncode, done.stderr), done.stderr)
             kind, value = pickle.loads(result_path.read_bytes())
         if kind == "compile":
             raise CompileError(*value)

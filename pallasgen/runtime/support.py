@@ -144,9 +144,9 @@ def gpu_options(table, sizes, given):
 class GpuOptions(NamedTuple):
     """A GPU launcher's choices (Triton's blocks, then num_warps and num_stages; Mosaic
     GPU's blocks and stages; in the order of its keywords), which the public function
-    makes before it calls the launcher (`triton_options`, `gpu_options`): `table` maps a GPU kind to its tuned choices, by the sizes they
-    were tuned at, in the order of `dims`; None to the spec's. `least`: a block's least
-    (one for all, or one each)."""
+    makes before it calls the launcher (`triton_options`, `gpu_options`): `table` maps a
+    GPU kind to its tuned choices, by the sizes they were tuned at, in the order of
+    `dims`; None to the spec's. `least`: a Triton block's least (one for all, or one each)."""
 
     table: dict
     dims: tuple
@@ -624,8 +624,14 @@ class Kernel:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
-        self.tpu_blocks = tpu_blocks and tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes))
+        self.tpu_blocks = tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes)) if tpu_blocks else None
         self.triton_options, self.mosaic_gpu_options = triton_options, mosaic_gpu_options
+        choosers = {  # what chooses the blocks (and GPU options) a call leaves None, by launcher
+            "tpu": (_with_tpu_blocks, self.tpu_blocks),
+            "triton": (functools.partial(_with_gpu_options, prefix="gpu_block_", triton=True), triton_options),
+            "mosaic_gpu": (functools.partial(_with_gpu_options, prefix="mgpu_", triton=False), mosaic_gpu_options),
+        }
+        self._choosers = {b: functools.partial(c, table) for b, (c, table) in choosers.items() if table is not None}
 
         def call(*arrays, residuals=False, **keywords):
             return self._call(*arrays, residuals=residuals, **keywords)
@@ -722,13 +728,8 @@ class Kernel:
             if residuals and "residuals" not in binding:  # a launcher that writes none: another backend's runs
                 function = None
             keywords = {k: given[v] for k, v in binding.items()}
-            choose = None
-            if backend == "tpu" and self.tpu_blocks is not None:
-                choose = functools.partial(_with_tpu_blocks, self.tpu_blocks, sizes)
-            elif backend == "triton" and self.triton_options is not None:
-                choose = functools.partial(_with_triton_options, self.triton_options, binding, sizes)
-            elif backend == "mosaic_gpu" and self.mosaic_gpu_options is not None:
-                choose = functools.partial(_with_mosaic_gpu_options, self.mosaic_gpu_options, binding, sizes)
+            chooser = self._choosers.get(backend)
+            choose = chooser and functools.partial(chooser, binding, sizes)
             kernels[backend] = None if function is None else functools.partial(_launched, function, keywords, choose)
         if "gpu_backend" in self.options:
             kernels["gpu_backend"] = options["gpu_backend"]
@@ -775,30 +776,26 @@ def _launched(launcher, keywords, choose, *arrays, **more):
     return launcher(*arrays, **(choose(keywords) if choose else keywords), **more)
 
 
-def _with_tpu_blocks(table, sizes, keywords):
+def _with_tpu_blocks(table, binding, sizes, keywords):
     """A TPU launcher's keywords with its blocks chosen and checked by `tpu_blocks` from
-    `table` (a `TpuBlocks`)."""
+    `table` (a `TpuBlocks`; its step takes `residuals` where their blocks take VMEM too).
+    Its block keywords are named after their dimensions: it needs no `binding`."""
     chosen = [block_keyword(dim) for dim in table.tiling]
-    step = {"residuals": keywords["residuals"]} if table.step and "residuals" in inspect.signature(table.step).parameters else {}
+    writes = table.step is not None and "residuals" in inspect.signature(table.step).parameters
+    step = {"residuals": keywords["residuals"]} if writes else {}
     values = tpu_blocks(table, tuple(sizes[dim] for dim in table.sizes), tuple(keywords[k] for k in chosen), **step)
     return keywords | dict(zip(chosen, values))
 
 
-def _with_triton_options(options, binding, sizes, keywords):
-    """A Triton launcher's keywords with its blocks, num_warps and num_stages chosen from
-    `options` (a `GpuOptions`) where the call gave None."""
-    chosen = [k for k, public in binding.items() if public.startswith("gpu_block_")] + ["num_warps", "num_stages"]
-    at = tuple(sizes[dim] for dim in options.dims)
-    values = triton_options(options.table, at, tuple(keywords[k] for k in chosen), options.least)
+def _with_gpu_options(options, binding, sizes, keywords, *, prefix, triton):
+    """A GPU launcher's keywords with the choices of `options` (a `GpuOptions`) where the
+    call gave None: the keywords whose public names start with `prefix`; for `triton`,
+    num_warps and num_stages too, its blocks clamped by `triton_options`."""
+    chosen = [k for k, public in binding.items() if public.startswith(prefix)]
+    chosen += ["num_warps", "num_stages"] if triton else []
+    at, given = tuple(sizes[dim] for dim in options.dims), tuple(keywords[k] for k in chosen)
+    values = triton_options(options.table, at, given, options.least) if triton else gpu_options(options.table, at, given)
     return keywords | dict(zip(chosen, values))
-
-
-def _with_mosaic_gpu_options(options, binding, sizes, keywords):
-    """A Mosaic GPU product launcher's keywords with its blocks and stages chosen from
-    `options` (a `GpuOptions`) where the call gave None."""
-    chosen = [k for k, public in binding.items() if public.startswith("mgpu_")]
-    at = tuple(sizes[dim] for dim in options.dims)
-    return keywords | dict(zip(chosen, gpu_options(options.table, at, tuple(keywords[k] for k in chosen))))
 
 
 def _launcher_binding(backend, function, sizes, params):
