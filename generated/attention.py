@@ -41,22 +41,9 @@ from pallasgen.runtime.support import plgpu
 
 
 def _attention_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    acc_t_ref,
-    sum_exp_t_ref,
-    *,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, t, block_s, block_t, whole_strips, partial_strips, scale
 ):
+    max_t_ref, acc_t_ref, sum_exp_t_ref = scratch
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -272,25 +259,8 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
     )(q, k, v)
 
 
-def _attention_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    q_smem,
-    o_smem,
-    lse_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    size_s,
-    t,
-    block_t,
-    scale,
-):
+def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale):
+    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -690,32 +660,9 @@ def _attention_backward_dq_gpu(
 
 
 def _attention_backward_dq_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dlse_ref,
-    dq_ref,
-    delta_ref,
-    q_smem,
-    o_smem,
-    do_smem,
-    lse_smem,
-    dlse_smem,
-    dq_smem,
-    delta_smem,
-    operand_smem,
-    barrier,
-    *,
-    h,
-    size_s,
-    d,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
+    q_smem, o_smem, do_smem, lse_smem, dlse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
     block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -896,9 +843,7 @@ def _attention_backward_dkdv_kernel(
     delta_ref,
     dk_ref,
     dv_ref,
-    acc_s_ref,
-    acc_s_2_ref,
-    *,
+    *scratch,
     size_s,
     block_t,
     block_s,
@@ -906,6 +851,7 @@ def _attention_backward_dkdv_kernel(
     partial_strips,
     scale,
 ):
+    acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
     s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
@@ -1150,28 +1096,9 @@ def _attention_backward_dkdv_gpu(
 
 
 def _attention_backward_dkdv_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    k_smem,
-    v_smem,
-    dk_smem,
-    dv_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    t,
-    size_s,
-    block_s,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
+    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
     block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
@@ -1566,30 +1493,9 @@ def _attention_dq_gpu(
 
 
 def _attention_dq_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    q_smem,
-    o_smem,
-    do_smem,
-    lse_smem,
-    dq_smem,
-    delta_smem,
-    operand_smem,
-    barrier,
-    *,
-    h,
-    size_s,
-    d,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
+    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
     block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -1769,9 +1675,7 @@ def _attention_dkdv_kernel(
     delta_ref,
     dk_ref,
     dv_ref,
-    acc_s_ref,
-    acc_s_2_ref,
-    *,
+    *scratch,
     s,
     block_t,
     block_s,
@@ -1779,6 +1683,7 @@ def _attention_dkdv_kernel(
     partial_strips,
     scale,
 ):
+    acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
     s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
@@ -2007,28 +1912,9 @@ def _attention_dkdv_gpu(
 
 
 def _attention_dkdv_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    k_smem,
-    v_smem,
-    dk_smem,
-    dv_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    t,
-    s,
-    block_s,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, s, block_s, scale
 ):
+    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
     block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
@@ -2203,9 +2089,8 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     return dk, dv
 
 
-def _attention_full_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
-):
+def _attention_full_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, t, block_t, scale):
+    max_t_ref, sum_exp_t_ref, acc_t_ref = scratch
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
@@ -2356,25 +2241,8 @@ def _attention_full_gpu(
     )(q, k, v)
 
 
-def _attention_full_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    q_smem,
-    o_smem,
-    lse_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    s,
-    t,
-    block_t,
-    scale,
-):
+def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, s, t, block_t, scale):
+    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
     s_start = s_block * block_s
@@ -2654,30 +2522,9 @@ def _attention_full_backward_dq_gpu(
 
 
 def _attention_full_backward_dq_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    q_smem,
-    o_smem,
-    do_smem,
-    lse_smem,
-    dq_smem,
-    delta_smem,
-    operand_smem,
-    barrier,
-    *,
-    h,
-    size_s,
-    d,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
+    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
     block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -2957,28 +2804,9 @@ def _attention_full_backward_dkdv_gpu(
 
 
 def _attention_full_backward_dkdv_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    k_smem,
-    v_smem,
-    dk_smem,
-    dv_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    t,
-    size_s,
-    block_s,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
+    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
     block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
@@ -3120,23 +2948,9 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
 
 def _attention_bottom_right_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    size_s,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, size_s, t, block_s, block_t, whole_strips, partial_strips, scale
 ):
+    max_t_ref, sum_exp_t_ref, acc_t_ref = scratch
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -3364,24 +3178,9 @@ def _attention_bottom_right_gpu(
 
 
 def _attention_bottom_right_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    q_smem,
-    o_smem,
-    lse_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    size_s,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale
 ):
+    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -3778,30 +3577,9 @@ def _attention_bottom_right_backward_dq_gpu(
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    q_smem,
-    o_smem,
-    do_smem,
-    lse_smem,
-    dq_smem,
-    delta_smem,
-    operand_smem,
-    barrier,
-    *,
-    h,
-    size_s,
-    d,
-    t,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
+    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
     block_s, block_d = dq_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -3979,9 +3757,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
     delta_ref,
     dk_ref,
     dv_ref,
-    acc_s_ref,
-    acc_s_2_ref,
-    *,
+    *scratch,
     t,
     size_s,
     block_t,
@@ -3990,6 +3766,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
     partial_strips,
     scale,
 ):
+    acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
     s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
@@ -4241,28 +4018,9 @@ def _attention_bottom_right_backward_dkdv_gpu(
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    k_smem,
-    v_smem,
-    dk_smem,
-    dv_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    h,
-    t,
-    size_s,
-    block_s,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
+    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
     block_t, block_d = dk_smem.shape
     b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
     t_start = t_block * block_t
@@ -4597,25 +4355,8 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     )(q, k, v)
 
 
-def _gqa_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    q_smem,
-    o_smem,
-    lse_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    g,
-    r,
-    size_s,
-    t,
-    block_t,
-):
+def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, size_s, t, block_t):
+    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
     block_s, block_d = o_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -4889,30 +4630,9 @@ def _gqa_backward_dq_gpu(
 
 
 def _gqa_backward_dq_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    q_smem,
-    o_smem,
-    do_smem,
-    lse_smem,
-    dq_smem,
-    delta_smem,
-    operand_smem,
-    barrier,
-    *,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, g, r, size_s, d, t, block_t
 ):
+    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
     block_s, block_d = dq_smem.shape
     b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
     s_start = s_block * block_s
@@ -5197,28 +4917,9 @@ def _gqa_backward_dkdv_gpu(
 
 
 def _gqa_backward_dkdv_mosaic_gpu_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_r_ref,
-    dv_r_ref,
-    k_smem,
-    v_smem,
-    dk_r_smem,
-    dv_r_smem,
-    operand_smem,
-    operand_smem_2,
-    barrier,
-    *,
-    g,
-    r,
-    t,
-    size_s,
-    block_s,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *scratch, g, r, t, size_s, block_s
 ):
+    k_smem, v_smem, dk_r_smem, dv_r_smem, operand_smem, operand_smem_2, barrier = scratch
     block_t, block_d = dk_r_smem.shape
     b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, block_t))
     t_start = t_block * block_t
@@ -5614,9 +5315,8 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-def _matmul_softmax_stage_1_mosaic_gpu_kernel(
-    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_softmax_stage_1_mosaic_gpu_kernel(x_ref, w_ref, acc_ref, *scratch, block_m, block_n, block_k, stages):
+    out_smem, barrier = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6023,9 +5723,8 @@ def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-def _matmul_softmax_backward_x_mosaic_gpu_kernel(
-    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
+def _matmul_softmax_backward_x_mosaic_gpu_kernel(dacc_ref, w_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
+    out_smem, barrier = scratch
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6188,9 +5887,8 @@ def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-def _matmul_softmax_backward_w_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
-):
+def _matmul_softmax_backward_w_mosaic_gpu_kernel(x_ref, dacc_ref, dw_ref, *scratch, block_k, block_n, block_m, stages):
+    out_smem, barrier = scratch
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6409,9 +6107,8 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k]
 
 
-def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
-    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(w_ref, lhs_ref, y_ref, *scratch, block_m, block_n, block_k, stages):
+    out_smem, barrier = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6613,9 +6310,8 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
     )(x, g)
 
 
-def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
-    x_ref, g_ref, lhs_ref, mean_k_ref, mean_k_smem, lhs_buffers, *, block_m, block_k, k
-):
+def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *scratch, block_m, block_k, k):
+    mean_k_smem, lhs_buffers = scratch
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -6967,9 +6663,8 @@ def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )(lhs, dy)
 
 
-def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
-    lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
-):
+def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(lhs_ref, dy_ref, dw_ref, *scratch, block_k, block_n, block_m, stages):
+    out_smem, barrier = scratch
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue

@@ -40,18 +40,8 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _cross_entropy_kernel(
-    logits_ref,
-    label_ref,
-    loss_ref,
-    logsumexp_v_ref,
-    logsumexp_over_v_max_ref,
-    logsumexp_over_v_sum_ref,
-    sum_v_running_ref,
-    *,
-    v,
-    block_v,
-):
+def _cross_entropy_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *scratch, v, block_v):
+    logsumexp_over_v_max_ref, logsumexp_over_v_sum_ref, sum_v_running_ref = scratch
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -198,20 +188,8 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
     )(logits, label)
 
 
-def _cross_entropy_mosaic_gpu_kernel(
-    logits_ref,
-    label_ref,
-    loss_ref,
-    logsumexp_v_ref,
-    barrier,
-    label_smem,
-    loss_smem,
-    logsumexp_v_smem,
-    *,
-    block_m,
-    block_v,
-    v,
-):
+def _cross_entropy_mosaic_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *scratch, block_m, block_v, v):
+    barrier, label_smem, loss_smem, logsumexp_v_smem = scratch
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0])
     label = rt.mgpu_load_vector(label_smem, 0)

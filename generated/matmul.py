@@ -287,9 +287,8 @@ def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_war
     )(dz, y)
 
 
-def _matmul_backward_x_mosaic_gpu_kernel(
-    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
+def _matmul_backward_x_mosaic_gpu_kernel(dz_ref, y_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
+    out_smem, barrier = scratch
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -442,9 +441,8 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
     )(x, dz)
 
 
-def _matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
-):
+def _matmul_backward_y_mosaic_gpu_kernel(x_ref, dz_ref, dy_ref, *scratch, block_k, block_n, block_m, stages):
+    out_smem, barrier = scratch
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -621,9 +619,8 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *scratch, block_m, block_n, block_k, stages):
+    out_smem, acc_smem, barrier = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1295,8 +1292,9 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, *scratch, block_m, block_n, block_k, stages
 ):
+    out_smem, acc_smem, barrier, bias_smem = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1674,9 +1672,8 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     return dx
 
 
-def _matmul_bias_gelu_backward_y_kernel(
-    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, acc_m_ref, sum_m_ref, *, m, block_m
-):
+def _matmul_bias_gelu_backward_y_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *scratch, m, block_m):
+    acc_m_ref, sum_m_ref = scratch
     m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
@@ -3164,9 +3161,8 @@ def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, nu
     )(dacc, k)
 
 
-def _scores_backward_q_mosaic_gpu_kernel(
-    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
-):
+def _scores_backward_q_mosaic_gpu_kernel(dacc_ref, k_ref, dq_ref, *scratch, block_s, block_d, block_t, stages):
+    out_smem, barrier = scratch
     program_b, program_s, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3327,9 +3323,8 @@ def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, nu
     )(dacc, q)
 
 
-def _scores_backward_k_mosaic_gpu_kernel(
-    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
-):
+def _scores_backward_k_mosaic_gpu_kernel(dacc_ref, q_ref, dk_ref, *scratch, block_t, block_d, block_s, stages):
+    out_smem, barrier = scratch
     program_b, program_t, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("T"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3495,9 +3490,8 @@ def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, nu
     )(x, w, bias)
 
 
-def _linear_mosaic_gpu_kernel(
-    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
-):
+def _linear_mosaic_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *scratch, block_m, block_n, block_k, stages):
+    out_smem, barrier, bias_smem = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3812,9 +3806,8 @@ def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_war
     )(dy, w)
 
 
-def _linear_backward_x_mosaic_gpu_kernel(
-    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
+def _linear_backward_x_mosaic_gpu_kernel(dy_ref, w_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
+    out_smem, barrier = scratch
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3967,9 +3960,8 @@ def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_war
     )(dy, x)
 
 
-def _linear_backward_w_mosaic_gpu_kernel(
-    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
-):
+def _linear_backward_w_mosaic_gpu_kernel(dy_ref, x_ref, dw_ref, *scratch, block_n, block_k, block_m, stages):
+    out_smem, barrier = scratch
     program_n, program_k = jax.lax.axis_index("N"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue

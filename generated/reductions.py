@@ -772,20 +772,9 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residual
 
 
 def _quantize_rows_int8_mosaic_gpu_kernel(
-    x_ref,
-    q_ref,
-    scale_ref,
-    max_n_ref,
-    argmax_n_ref,
-    scale_smem,
-    max_n_smem,
-    argmax_n_smem,
-    q_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *scratch, block_m, block_n, n
 ):
+    scale_smem, max_n_smem, argmax_n_smem, q_buffers = scratch
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):

@@ -135,21 +135,8 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpre
     )(x)
 
 
-def _softmax_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    sum_n_ref,
-    argmax_n_ref,
-    max_n_ref,
-    sum_n_smem,
-    argmax_n_smem,
-    max_n_smem,
-    y_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
-):
+def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *scratch, block_m, block_n, n):
+    sum_n_smem, argmax_n_smem, max_n_smem, y_buffers = scratch
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -386,22 +373,9 @@ def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_w
 
 
 def _softmax_backward_mosaic_gpu_kernel(
-    x_ref,
-    sum_n_ref,
-    argmax_n_ref,
-    max_n_ref,
-    dy_ref,
-    dx_ref,
-    barrier,
-    sum_n_smem,
-    argmax_n_smem,
-    max_n_smem,
-    dx_buffers,
-    *,
-    block_m,
-    block_n,
-    n,
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *scratch, block_m, block_n, n
 ):
+    barrier, sum_n_smem, argmax_n_smem, max_n_smem, dx_buffers = scratch
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0])
     sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
@@ -795,9 +769,8 @@ def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, n
     )(x, logsumexp_n, dy)
 
 
-def _log_softmax_backward_mosaic_gpu_kernel(
-    x_ref, logsumexp_n_ref, dy_ref, dx_ref, barrier, logsumexp_n_smem, dx_buffers, *, block_m, block_n, n
-):
+def _log_softmax_backward_mosaic_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *scratch, block_m, block_n, n):
+    barrier, logsumexp_n_smem, dx_buffers = scratch
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)

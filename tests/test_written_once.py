@@ -1,12 +1,13 @@
 """Generated code says a thing once: a kernel's loads read together, every input's
 BlockSpec written once where they are all the same, a ragged block's fill one call, a
-loop's results unpacked into their own names."""
+loop's results unpacked into their own names, scratch refs gathered where naming each
+would take a line apiece."""
 
 from __future__ import annotations
 
 import pytest
 
-from pallasgen.lowering.parts import assigned_together, unpacked_results, written_specs
+from pallasgen.lowering.parts import assigned_together, kernel_signature, unpacked_results, written_specs
 from pallasgen.workspace.pipeline import generate
 
 pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
@@ -60,3 +61,27 @@ def test_a_loops_running_values_unpack_into_the_results_they_are():
     running = ["max_running", "argmax_index", "top", "total"]
     finishes = [("argmax_n", "argmax_index"), ("lse", "rt.logsumexp_finish(top, total)")]
     assert unpacked_results(running, finishes) == ("_, argmax_n, top, total", ["lse = rt.logsumexp_finish(top, total)"])
+
+
+def test_scratch_refs_are_gathered_where_naming_each_would_take_more_lines():
+    refs = ["q_ref", "k_ref", "v_ref", "o_ref", "lse_ref"]
+    scratch = ["q_smem", "o_smem", "lse_smem", "operand_smem", "operand_smem_2", "barrier"]
+    keywords = ["h", "size_s", "t", "block_t", "scale"]
+    parameters, unpacked = kernel_signature("_attention_mosaic_gpu_kernel", refs, scratch, keywords)
+    assert parameters == "q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale"
+    assert unpacked == ("q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch",)
+    short = kernel_signature("_matmul_kernel", ["x_ref", "y_ref", "z_ref"], ["acc_ref", "out_smem"], ["k"])
+    assert short == ("x_ref, y_ref, z_ref, acc_ref, out_smem, *, k", ())
+    one = kernel_signature("_f" * 40, refs * 3, ["acc_ref"], keywords)  # long, but one scratch ref stays named
+    assert one[1] == () and one[0].endswith("acc_ref, *, h, size_s, t, block_t, scale")
+
+
+def test_a_generated_kernel_with_many_scratch_refs_unpacks_them_first():
+    source = generate(
+        "kernel attention {\n    in  q: bf16[B, H, S, D]\n    in  k: bf16[B, H, T, D]\n    in  v: bf16[B, H, T, D]\n"
+        "    out o: bf16[B, H, S, D]\n    o = softmax(q @ k.T, T) @ v\n    block B = 1, H = 1, S = 128, T = 128\n}\n",
+        "attention.pallas",
+        "attention.pallas",
+    )
+    assert "*scratch" in source
+    assert "\n    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch\n" in source  # Mosaic GPU

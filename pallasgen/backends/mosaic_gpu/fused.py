@@ -39,7 +39,7 @@ from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, copy_out, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
-from pallasgen.lowering.parts import if_residuals, parameter_list, tuple_code
+from pallasgen.lowering.parts import if_residuals, tuple_code
 from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
 
@@ -376,8 +376,8 @@ class FusedPlanner:
         every = [name for name in every if name not in read]
         keywords = mentioned([*every, *(p.name for p in kernel.params)], body)
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
-        parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
-        return self.base.finish(parameters, body, self._launcher(keywords, [t for _, t in scratch]))
+        signature = (refs, [name for name, _ in scratch], keywords)
+        return self.base.finish(signature, body, self._launcher(keywords, [t for _, t in scratch]))
 
     def _code(self):
         """The pass's code (lowering.fused, Mosaic GPU's way) and its lowering."""

@@ -20,7 +20,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, layout_of, parameter_list, tuple_code
+from pallasgen.lowering.parts import assigned_together, layout_of, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
 
@@ -165,4 +165,4 @@ class OuterPlanner:
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
-        return base.finish(parameter_list(refs, keywords), body, base.launcher(blocks, multiples, reshapes, call))
+        return base.finish((refs, [], keywords), body, base.launcher(blocks, multiples, reshapes, call))

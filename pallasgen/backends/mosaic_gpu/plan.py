@@ -52,6 +52,7 @@ from pallasgen.lowering.parts import (
     if_residuals,
     layout_of,
     load_statements,
+    kernel_signature,
     parameter_list,
     tuple_code,
 )
@@ -234,11 +235,13 @@ class _Planner:
         return f"({', '.join(types)},)"
 
     def finish(
-        self, kernel_parameters, kernel_body, launcher_body, chosen=None, table=(), options_table=""
+        self, signature, kernel_body, launcher_body, chosen=None, table=(), options_table=""
     ) -> MosaicGpuPlan:
-        """The plan; `chosen`: the launcher's keyword for each public one it takes, None by
-        default where it chooses them itself (`table`), as a stage does."""
+        """The plan; `signature`: the kernel's refs, scratch refs and keywords; `chosen`: the
+        launcher's keyword for each public one it takes, None by default where it chooses
+        them itself (`table`), as a stage does."""
         kernel, checked = self.kernel, self.checked
+        kernel_parameters, unpacked = kernel_signature(kernel_function_name(kernel.name), *signature)
         params = [p.name for p in kernel.params]
         chosen = chosen or {}
         launcher = parameter_list(
@@ -256,7 +259,7 @@ class _Planner:
             launcher_name(kernel.name),
             kernel_function_name(kernel.name),
             kernel_parameters,
-            comments_above(kernel_body),
+            comments_above((*unpacked, *kernel_body)),
             launcher,
             launcher_body,
             f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
@@ -359,9 +362,7 @@ class _ElementwisePlanner(_Planner):
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
-        return self.finish(
-            parameter_list(refs, keywords), kernel_body, self.launcher(blocks, multiples, reshapes, call)
-        )
+        return self.finish((refs, [], keywords), kernel_body, self.launcher(blocks, multiples, reshapes, call))
 
     def _columns(self, arrays) -> int:
         """The widest block of columns whose blocks of every array fit SMEM_BUDGET."""
@@ -489,8 +490,9 @@ class _ProductPlanner(_Planner):
                 for d in epilogue
             ),
         ]
-        kernel_parameters = parameter_list(
-            [*refs, *tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
+        signature = (
+            refs,
+            [*tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
             [*(block_keyword(d) for d in (m, n, k)), pipeline_stages, *(p.name for p in kernel.params)],
         )
         reshapes = []
@@ -527,8 +529,8 @@ class _ProductPlanner(_Planner):
         launcher = (*self.choose(chosen, stage), *self.launcher({}, multiples, reshapes, call))
         if stage:
             table = (f"{self.table_name} = {self.choices_table()}",)
-            return self.finish(kernel_parameters, kernel_body, launcher, chosen, table)
-        return self.finish(kernel_parameters, kernel_body, launcher, chosen, options_table=self.choices_table())
+            return self.finish(signature, kernel_body, launcher, chosen, table)
+        return self.finish(signature, kernel_body, launcher, chosen, options_table=self.choices_table())
 
     def choices_table(self) -> str:
         """The kernel's `rt.GpuOptions` of blocks and stages by device kind (`rt.gpu_options`

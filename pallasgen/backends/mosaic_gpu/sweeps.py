@@ -26,7 +26,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, copy_out, sized_dims, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, parameter_list, saved_only, tuple_code, unpacked_results
+from pallasgen.lowering.parts import assigned_together, saved_only, tuple_code, unpacked_results
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import accumulators, compute_dtype, finish_code, identity, reduced_dim
 
@@ -243,11 +243,7 @@ class SweepPlanner:
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
-        return base.finish(
-            parameter_list([*refs, *scratch_refs], keywords),
-            body,
-            base.launcher(blocks, multiples, reshapes, call),
-        )
+        return base.finish((refs, scratch_refs, keywords), body, base.launcher(blocks, multiples, reshapes, call))
 
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
         cols = block_keyword(self.columns)

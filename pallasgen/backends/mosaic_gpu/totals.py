@@ -19,7 +19,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions, spec_list
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import if_residuals, parameter_list, tuple_code
+from pallasgen.lowering.parts import if_residuals, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
 
@@ -180,8 +180,7 @@ class TotalsPlanner:
         refs = [self.refs[d.name] for d in (*inputs, *scalars)]
         refs += [r for n in self.reductions for r in self.partial_refs[n]]
         scratch = [s for n in self.reductions for s in self.partial_smem[n]] + [base.smem[d.name] for d in scalars]
-        parameters = parameter_list([*refs, *scratch, *([barrier] if scalars else [])], keywords)
-        return base.finish(parameters, kernel_body, tuple(launcher))
+        return base.finish((refs, [*scratch, *([barrier] if scalars else [])], keywords), kernel_body, tuple(launcher))
 
     def _partial_lines(self, node: ir.Call, block: str, shape: str, positions: str) -> list[str]:
         """A block's partial results of a reduction, row by row, into shared memory."""

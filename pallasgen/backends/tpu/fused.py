@@ -51,7 +51,15 @@ from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import if_residuals, parameter_list, partial_call, ref_load, ref_store, tuple_code
+from pallasgen.lowering.parts import (
+    if_residuals,
+    kernel_signature,
+    parameter_list,
+    partial_call,
+    ref_load,
+    ref_store,
+    tuple_code,
+)
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import KeywordGroup
 
@@ -227,14 +235,15 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     terms = [(part.buffers * part.element_bytes, part.dims) for part in needed.parts]
     plain = [(count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names]
     vmem_needed = residual_vmem_code(terms, plain if lowered.residuals else None, extents, set(fused.batch))
+    kernel_parameters, unpacked = kernel_signature(
+        kernel_function, [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
+    )
     return TpuPlan(
         function=launcher,
         kernel_function=kernel_function,
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], d) for d in tunable),
         block_table=_block_table(checked, tunable, sizes, layouts, vmem_needed, striped=strips is not None),
-        kernel_parameters=parameter_list(
-            [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords
-        ),
+        kernel_parameters=kernel_parameters,
         kernel_callable=partial_call(kernel_function, keywords),
         parameters=parameter_list(
             inputs,
@@ -279,7 +288,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         body=tuple(body),
         tiling=tiling,
         vmem=needed,
-        prologue=tuple(prologue),
+        prologue=(*unpacked, *prologue),
         helper=helper,
     )
 

@@ -36,6 +36,7 @@ from pallasgen.lowering.parts import (
     array_positions,
     grid_names,
     body_statements,
+    kernel_signature,
     kernel_statements,
     load_statements,
     parameter_list,
@@ -130,7 +131,7 @@ class TpuPlan:
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
     tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
     vmem: Vmem  # what vmem_comment and vmem_needed count
-    prologue: tuple[str, ...] = ()  # first, outside any pl.when: where this step's blocks start
+    prologue: tuple[str, ...] = ()  # first, outside any pl.when: its scratch refs unpacked, where this step's blocks start
     helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
 
     @property
@@ -293,6 +294,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     plain_terms = vmem_terms(lowered.plain, checked.blocks, None) if lowered.plain else None
     vmem_needed = residual_vmem_code(vmem_terms(kernel, checked.blocks, None), plain_terms, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
+    kernel_parameters, unpacked = kernel_signature(
+        kernel_function_name(kernel.name), [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, kernel_keywords
+    )
     return TpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -305,9 +309,8 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             lambda chip: chip_blocks(checked, tunable, chip).values(),
             step=_step(checked, block_of, vmem_needed) if grows_blocks(checked) else "",
         ),
-        kernel_parameters=parameter_list(
-            [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
-        ),
+        kernel_parameters=kernel_parameters,
+        prologue=unpacked,
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
             inputs,
