@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -156,10 +156,6 @@ def leaky(x, *, slope=0.01):
 
     `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
-      slope: a static f32 (default 0.01).
-
     Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
     pos = x > 0
@@ -265,10 +261,6 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
 def leaky_backward(x, dy, *, slope=0.01):
     """The backward pass of `leaky`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
-      slope: a static f32 (default 0.01).
     """
     pos = x > 0
     dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
@@ -400,9 +392,6 @@ def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
 )
 def bias_gelu(x, bias, scale):
     """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
 
     Gradients: jax.grad runs the generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
     bias_gelu_backward_over_n (_bias_gelu_vjp).
@@ -547,9 +536,6 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
 def bias_gelu_backward(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     bias = bias[None, :]
     scale = scale[:, None]
@@ -739,9 +725,6 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 def bias_gelu_backward_over_m(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = x.shape
     bias = bias[None, :]
@@ -933,9 +916,6 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 def bias_gelu_backward_over_n(x, bias, scale, dy):
     """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
     of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = x.shape
     bias = bias[None, :]
@@ -1073,9 +1053,6 @@ def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
 def quantize_rows(x, scale):
     """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and
     clipped to the int8 range; NaN quantizes to 0.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -134,9 +134,6 @@ def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_vectors(x, y):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1048576).
-
     Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
     """
     z = x + y
@@ -243,9 +240,6 @@ def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
 def add_vectors_backward(dz):
     """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
-
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1048576).
     """
     dx = dz
     dy = dz

@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -381,10 +381,6 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
 )
 def attention(q, k, v, *, scale=0.125):
     """Causal attention, one pass over T per block of queries.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels attention_backward_dq, attention_backward_dkdv
     (_attention_vjp).
@@ -795,10 +791,6 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
 def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -1232,10 +1224,6 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
 def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
-
-    Keywords:
-      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -1628,10 +1616,6 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     recompute the probabilities from the saved `lse` (jax.grad of `attention` runs the same,
     derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
     query for the next kernel: one pass over T per block of queries.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
@@ -2050,10 +2034,6 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
 def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """dk and dv: one pass over S per block of keys.
 
-    Keywords:
-      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
-
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
     b, h, s, d = q.shape
@@ -2354,10 +2334,6 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
 def attention_full(q, k, v, *, scale=0.125):
     """Attention without a mask: every query sees every key.
 
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
-
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
     attention_full_backward_dkdv (_attention_full_vjp).
     """
@@ -2630,10 +2606,6 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
 def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -2919,10 +2891,6 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
 def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
-
-    Keywords:
-      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -3308,10 +3276,6 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
 )
 def attention_bottom_right(q, k, v, *, scale=0.125):
     """Causal attention aligned at the bottom right: the last query sees every key.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
 
     Gradients: jax.grad runs the generated backward kernels attention_bottom_right_backward_dq,
     attention_bottom_right_backward_dkdv (_attention_bottom_right_vjp).
@@ -3710,10 +3674,6 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
 def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -4159,10 +4119,6 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
 def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S.
-
-    Keywords:
-      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      scale: a static f32 (default 0.125).
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -4466,9 +4422,6 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
 def gqa(q, k, v):
     """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
 
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 256).
-
     Gradients: jax.grad runs the generated backward kernels gqa_backward_dq, gqa_backward_dkdv,
     gqa_backward_over_r (_gqa_vjp).
     """
@@ -4737,9 +4690,6 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
 def gqa_backward_dq(q, k, v, o, do, lse):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dq, and delta = sum(do * o) per query: one pass over T.
-
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 256).
     """
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
@@ -5031,9 +4981,6 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
 def gqa_backward_dkdv(q, k, v, do, lse, delta):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dk, dv: one pass over S (per element of R, summed next).
-
-    Keywords:
-      block_t, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 128).
     """
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
@@ -5218,9 +5165,6 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
 def gqa_backward_over_r(dk_r, dv_r):
     """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
     dk, dv summed over R.
-
-    Keywords:
-      block_b, block_g, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 1, 1, 256).
     """
     b, g, r, t, d = dk_r.shape
     dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
@@ -5484,9 +5428,6 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
 def matmul_softmax(x, w):
     """The `matmul_softmax` Pallas kernel.
 
-    Keywords:
-      block_m, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 512).
-
     Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
     matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
@@ -5630,9 +5571,6 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
 def matmul_softmax_backward(y, dy):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 128).
     """
     dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(jnp.bfloat16)
     return dacc
@@ -5793,11 +5731,6 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
 def matmul_softmax_backward_x(dacc, w):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
     its input x, from dacc, the cotangent of its product.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -5956,11 +5889,6 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
 def matmul_softmax_backward_w(x, dacc):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
     its input w, from dacc, the cotangent of its product.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -6205,9 +6133,6 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
 def rmsnorm_matmul(x, g, w):
     """The `rmsnorm_matmul` Pallas kernel.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
-
     Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
     rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward, rmsnorm_matmul_lhs_backward_over_m
     (_rmsnorm_matmul_vjp).
@@ -6398,9 +6323,6 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
 def rmsnorm_matmul_lhs(x, g):
     """Part of the backward pass of `rmsnorm_matmul`, generated from its spec: its product's
     operand lhs, computed again from its inputs, and the row statistics its derivative reads.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     g = g[None, :]
@@ -6567,11 +6489,6 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
 def rmsnorm_matmul_backward_lhs(dy, w):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
     its input lhs, from dy, the cotangent of its product.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
     dlhs = acc.astype(jnp.bfloat16)
@@ -6732,11 +6649,6 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
 def rmsnorm_matmul_backward_w(lhs, dy):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
     its input w, from dy, the cotangent of its product.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 256).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
@@ -6927,9 +6839,6 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
 def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
     of its inputs from dlhs, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     g = g[None, :]
@@ -7108,9 +7017,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
 def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
     """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
     of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 256).
     """
     m, k = x.shape
     mean_k = mean_k[:, None]

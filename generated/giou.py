@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -194,10 +194,6 @@ def giou(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
 
     Box a is (ax1, ay1)-(ax2, ay2) and box b is (bx1, by1)-(bx2, by2), one pair per
     element. `eps` keeps empty boxes from dividing by zero.
-
-    Keywords:
-      block_b, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 1024).
-      eps: a static f32 (default 1e-07).
 
     Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
@@ -781,10 +777,6 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
 def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
     """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
     of its inputs from dgiou, those of its outputs.
-
-    Keywords:
-      block_b, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 1024).
-      eps: a static f32 (default 1e-07).
     """
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1

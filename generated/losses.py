@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -297,9 +297,6 @@ def cross_entropy(logits, label):
     """Cross-entropy of each row's logits against its label, over a vocabulary too long
     for one block: V is an arbitrary grid axis with running accumulators.
 
-    Keywords:
-      block_m, block_v: TPU blocks (None: as its tpu_blocks choose; the spec's: 16, 2048).
-
     Gradients: jax.grad runs the generated backward kernels cross_entropy_backward (_cross_entropy_vjp).
     """
     m, v = logits.shape
@@ -453,9 +450,6 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
 def cross_entropy_backward(logits, label, logsumexp_v, dloss):
     """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
     of its inputs from dloss, those of its outputs.
-
-    Keywords:
-      block_m, block_v: TPU blocks (None: as its tpu_blocks choose; the spec's: 16, 2048).
     """
     m, v = logits.shape
     label = label[:, None]

@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -192,11 +192,6 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
 def matmul(x, y):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
 
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
-
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
     acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
@@ -347,11 +342,6 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
 def matmul_backward_x(dz, y):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
     its input x, from dz, the cotangent of its product.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     dx = acc
@@ -503,11 +493,6 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
 def matmul_backward_y(x, dz):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
     its input y, from dz, the cotangent of its product.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     dy = acc
@@ -708,11 +693,6 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
 )
 def matmul_relu(x, y):
     """The quickstart's matmul with a fused activation.
-
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
     (_matmul_relu_vjp).
@@ -935,9 +915,6 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
 def matmul_relu_backward_x(acc, dz, y):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512, 512).
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -1165,9 +1142,6 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
 def matmul_relu_backward_y(acc, dz, x):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512, 256).
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -1389,11 +1363,6 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
 )
 def matmul_bias_gelu(x, y, bias):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
-
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
@@ -1649,9 +1618,6 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
 def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -2008,9 +1974,6 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
 def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -2181,11 +2144,6 @@ def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
 def matmul_int8(x, y):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
 
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -2348,11 +2306,6 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
 )
 def batched_matmul(x, y):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
-
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
 
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
     (_batched_matmul_vjp).
@@ -2572,9 +2525,6 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
 def batched_matmul_backward_x(dz, y):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 1024, 1024).
     """
     b, m, n = dz.shape
     k = y.shape[1]
@@ -2799,9 +2749,6 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
 def batched_matmul_backward_y(dz, x):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
     from dacc, the cotangent of its product, computed here from the epilogue's derivative.
-
-    Keywords:
-      block_k, block_n, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 512).
     """
     b, m, n = dz.shape
     k = x.shape[2]
@@ -2959,12 +2906,6 @@ def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
 def scores(q, k, *, scale=0.125):
     """Attention scores: q against every key, scaled; D is taken whole.
 
-    Keywords:
-      block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
-      scale: a static f32 (default 0.125).
-
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
     scores_backward_k (_scores_vjp).
     """
@@ -3070,10 +3011,6 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
 def scores_backward_epilogue(ds, *, scale=0.125):
     """The backward pass of `scores`, generated from its spec: the cotangents dacc
     of its inputs from ds, those of its outputs.
-
-    Keywords:
-      block_b, block_s, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 1, 128, 128).
-      scale: a static f32 (default 0.125).
     """
     dacc = (ds * scale).astype(jnp.bfloat16)
     return dacc
@@ -3227,11 +3164,6 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
 def scores_backward_q(dacc, k):
     """The backward pass of `scores`, generated from its spec: the cotangent dq of
     its input q, from dacc, the cotangent of its product.
-
-    Keywords:
-      block_s, block_d, block_t: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
     dq = acc.astype(jnp.bfloat16)
@@ -3390,11 +3322,6 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
 def scores_backward_k(dacc, q):
     """The backward pass of `scores`, generated from its spec: the cotangent dk of
     its input k, from dacc, the cotangent of its product.
-
-    Keywords:
-      block_t, block_d, block_s: TPU blocks (None: as its tpu_blocks choose; the spec's: 128, 128, 128).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
     dk = acc.astype(jnp.bfloat16)
@@ -3570,11 +3497,6 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
 def linear(x, w, bias):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
 
-    Keywords:
-      block_m, block_n, block_k: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
-
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m, linear_backward_x,
     linear_backward_w (_linear_vjp).
     """
@@ -3714,9 +3636,6 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
 def linear_backward_over_m(dy):
     """The backward pass of `linear`, generated from its spec: the cotangents dbias
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024).
     """
     m, n = dy.shape
     dy_1 = dy.astype(jnp.float32)
@@ -3866,11 +3785,6 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
 def linear_backward_x(dy, w):
     """The backward pass of `linear`, generated from its spec: the cotangent dx of
     its input x, from dy, the cotangent of its product.
-
-    Keywords:
-      block_m, block_k, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
@@ -4021,11 +3935,6 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
 def linear_backward_w(dy, x):
     """The backward pass of `linear`, generated from its spec: the cotangent dw of
     its input w, from dy, the cotangent of its product.
-
-    Keywords:
-      block_n, block_k, block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 1024, 1024).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its
-        mosaic_gpu_options choose by GPU kind and sizes).
     """
     acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)

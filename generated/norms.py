@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -293,10 +293,6 @@ def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend,
 def layer_norm(x, w, b, *, eps=1e-05):
     """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
     each row had (what a backward pass needs).
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
-      eps: a static f32 (default 1e-05).
 
     Gradients: jax.grad runs the generated backward kernels layer_norm_backward, layer_norm_backward_over_m
     (_layer_norm_vjp).
@@ -583,10 +579,6 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
 def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
     """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
     of its inputs from dy, dmu, drstd, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
-      eps: a static f32 (default 1e-05).
     """
     m, n = x.shape
     w = w[None, :]
@@ -802,9 +794,6 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
 def layer_norm_backward_over_m(x, mu, rstd, dy):
     """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
     of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
     """
     m, n = x.shape
     mu = mu[:, None]
@@ -1006,10 +995,6 @@ def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
 def rms_norm(x, w, *, eps=1e-06):
     """RMSNorm over the last dimension (Llama's), computed in f32.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
-      eps: a static f32 (default 1e-06).
-
     Gradients: jax.grad runs the generated backward kernels rms_norm_backward, rms_norm_backward_over_m
     (_rms_norm_vjp).
     """
@@ -1203,10 +1188,6 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
 def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
-      eps: a static f32 (default 1e-06).
     """
     m, n = x.shape
     w = w[None, :]
@@ -1383,10 +1364,6 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
 def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
     """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
     of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).
-      eps: a static f32 (default 1e-06).
     """
     m, n = x.shape
     mean_n = mean_n[:, None]

@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -138,9 +138,6 @@ def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_f32(x, y):
     """The `add_f32` Pallas kernel.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
-
     Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
     z = x + y
@@ -251,9 +248,6 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
 def add_f32_backward(dz):
     """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
     """
     dx = dz
     dy = dz
@@ -363,9 +357,6 @@ def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
 )
 def mul_f32(x, y):
     """The `mul_f32` Pallas kernel.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
@@ -483,9 +474,6 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
 def mul_f32_backward(x, y, dz):
     """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
     of its inputs from dz, those of its outputs.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
     """
     dx = dz * y
     dy = dz * x
@@ -608,9 +596,6 @@ def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
 )
 def argmax_f32(x):
     """The `argmax_f32` Pallas kernel.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -753,9 +738,6 @@ def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
 def equal_count_f32(x, y):
     """The `equal_count_f32` Pallas kernel.
 
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -852,9 +834,6 @@ def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_i32(x, y):
     """The `add_i32` Pallas kernel.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -948,9 +927,6 @@ def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
 )
 def mul_i32(x, y):
     """The `mul_i32` Pallas kernel.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1070,9 +1046,6 @@ def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
 def argmax_i32(x):
     """The `argmax_i32` Pallas kernel.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -1178,9 +1151,6 @@ def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
 def equal_count_i32(x, y):
     """The `equal_count_i32` Pallas kernel.
 
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -1282,9 +1252,6 @@ def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_i8(x, y):
     """The `add_i8` Pallas kernel.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 512).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -1383,9 +1350,6 @@ def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
 )
 def mul_i8(x, y):
     """The `mul_i8` Pallas kernel.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1509,9 +1473,6 @@ def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
 )
 def argmax_i8(x):
     """The `argmax_i8` Pallas kernel.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -1640,9 +1601,6 @@ def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
 )
 def equal_count_i8(x, y):
     """The `equal_count_i8` Pallas kernel.
-
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 4096).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

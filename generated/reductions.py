@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -158,9 +158,6 @@ def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
 def argmax_rows(x):
     """The first index of each row's maximum, as jnp.argmax.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
-
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
@@ -279,9 +276,6 @@ def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
 def argmax_blocked(x):
     """argmax_rows over rows too long for one block: N is reduced step by step, each step's
     running maximum kept with its first index (ties keep the earlier block's).
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 8, 512).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -407,9 +401,6 @@ def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
 )
 def argmin_rows(x):
     """The first index of each row's minimum, as jnp.argmin.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
@@ -555,9 +546,6 @@ def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
 def column_sums(x):
     """The sum of each column, over row blocks: M is reduced step by step.
 
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512).
-
     Gradients: jax.grad runs the generated backward kernels column_sums_backward (_column_sums_vjp).
     """
     m, n = x.shape
@@ -668,9 +656,6 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
 def column_sums_backward(x, ds):
     """The backward pass of `column_sums`, generated from its spec: the cotangents dx
     of its inputs from ds, those of its outputs.
-
-    Keywords:
-      block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 512, 512).
     """
     m, n = x.shape
     ds = ds[None, :]
@@ -897,9 +882,6 @@ def quantize_rows_int8(x):
     """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
     that it maps to 127, and rounded half to even.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
-
     Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
     (_quantize_rows_int8_vjp).
     """
@@ -1051,9 +1033,6 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
 def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
     """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
     of its inputs from dscale, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 32).
     """
     m, n = x.shape
     max_n = max_n[:, None]
@@ -1199,9 +1178,6 @@ def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
 )
 def equal_count(x, y):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
-
-    Keywords:
-      block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 1024).
 
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.

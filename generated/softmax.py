@@ -7,8 +7,8 @@ plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 
-A kernel's arrays are declared once, in `@rt.kernel(inputs=..., outputs=...)`, which adds them
-to its docstring (`help(NAME)`) as Args and Returns; its docstring's Keywords are its own.
+A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
+to its docstring (`help(NAME)`) as Args, Returns and Keywords.
 Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
@@ -276,9 +276,6 @@ def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
 def softmax(x):
     """Softmax over the last dimension.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
-
     Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
     e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
@@ -504,9 +501,6 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
 def softmax_backward(x, sum_n, argmax_n, max_n, dy):
     """The backward pass of `softmax`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
     """
     m, n = x.shape
     sum_n = sum_n[:, None]
@@ -694,9 +688,6 @@ def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
 def log_softmax(x):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.
 
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
-
     Gradients: jax.grad runs the generated backward kernels log_softmax_backward (_log_softmax_vjp).
     """
     y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
@@ -852,9 +843,6 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
 def log_softmax_backward(x, logsumexp_n, dy):
     """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
     of its inputs from dy, those of its outputs.
-
-    Keywords:
-      block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 8).
     """
     logsumexp_n = logsumexp_n[:, None]
     dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)

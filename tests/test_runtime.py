@@ -301,6 +301,26 @@ def test_a_kernels_docstring_gets_its_arrays_as_declared_once_in_its_decorator()
     ]
 
 
+def test_a_kernels_keywords_are_said_from_its_tables_and_params():
+    def scaled(x, *, scale=0.5, eps=1e-05):
+        """Scales rows.
+
+        Gradients: none.
+        """
+
+    blocks = support.TpuBlocks(tiling={"M": (8, "f32 rows"), "N": None}, chips={None: {"default": (256, 512)}})
+    keywords = support.keyword_lines(scaled, {"scale": jnp.bfloat16, "eps": jnp.float32}, blocks, None)
+    assert keywords == [
+        "  block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).",
+        "  scale: a static bf16 (default 0.5).",
+        "  eps: a static f32 (default 1e-05).",
+    ]
+    options = support.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K"))
+    assert support.keyword_lines(scaled, {}, None, options)[0].startswith("  mgpu_block_*, mgpu_stages: Mosaic GPU's")
+    doc = support.with_arrays(scaled, ("x: f32[M, N]",), ("y: f32[M, N]",), keywords).splitlines()
+    assert doc[doc.index("Keywords:") + 1 : doc.index("Gradients: none.")] == [*keywords, ""]
+
+
 def test_a_docstring_without_sections_ends_with_the_arrays():
     def plain(x):
         """Copies x."""
@@ -321,7 +341,8 @@ def test_a_generated_kernels_help_names_its_arrays_and_keywords():
     doc = module.layer_norm.__doc__
     assert "Args:\n  x: bf16[M, N].\n  w: f32[N].\n  b: f32[N].\n" in doc
     assert "Returns:\n  y: bf16[M, N]; mu: f32[M]; rstd: f32[M].\n" in doc
-    assert "Keywords:\n  block_m: TPU blocks" in doc
+    assert "Keywords:\n  block_m: TPU blocks (None: as its tpu_blocks choose; the spec's: 16).\n" in doc
+    assert "  eps: a static f32 (default 1e-05).\n" in doc
     assert inspect.getdoc(module.layer_norm) == doc
 
 

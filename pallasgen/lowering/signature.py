@@ -59,10 +59,8 @@ class Signature:
 
 def signature(arrays: list[str], backend_groups: list[KeywordGroup], params: tuple[ir.Param, ...]) -> Signature:
     """The public signature: arrays, each backend's keyword groups, params, `interpret`."""
-    param_group = KeywordGroup(
-        tuple(Keyword(p.name, param_default(p)) for p in params),
-        tuple(f"  {p.name}: a static {p.dtype} (default {param_default(p)})." for p in params),
-    )
+    # documented by the runtime, from the public function's `params` and defaults (rt.keyword_lines)
+    param_group = KeywordGroup(tuple(Keyword(p.name, param_default(p)) for p in params), ())
     interpret = KeywordGroup((Keyword("interpret", "None"),), INTERPRET_DOC)
     return Signature(tuple(arrays), (*backend_groups, param_group, interpret))
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import textwrap
 import warnings
 from typing import NamedTuple
 
@@ -497,16 +498,18 @@ def kernel(
             residuals=declared_arrays(residuals or ()),
             saving=saving,
         )
-        made.__doc__ = with_arrays(reference, inputs, outputs)
+        keywords = keyword_lines(reference, params or {}, tpu_blocks, mosaic_gpu_options)
+        made.__doc__ = with_arrays(reference, inputs, outputs, keywords)
         return made
 
     return public
 
 
-def with_arrays(reference, inputs, outputs):
+def with_arrays(reference, inputs, outputs, keywords=()):
     """The reference's docstring with Args (each input array, named as the function's
     parameter, of its declared type) and Returns (each output's) after its summary: before
-    its first section (Keywords, Gradients), if any.
+    its first section (Keywords, Gradients), if any; and `keywords` (lines) first in its
+    Keywords section, which they open where it has none.
 
     "x: f32[N] as [1, N]" reads "x: f32[N]": the spec's declaration, not the kernels' layout."""
     lines = inspect.cleandoc(reference.__doc__ or "").splitlines()
@@ -516,8 +519,34 @@ def with_arrays(reference, inputs, outputs):
     sections = ["Args:", *args, "", "Returns:", f"  {returns}.", ""]
     first = next((i for i, line in enumerate(lines) if line == "Keywords:" or line.startswith("Gradients:")), None)
     if first is None:
-        return "\n".join([*lines, "", *sections[:-1]])
-    return "\n".join([*lines[:first], *sections, *lines[first:]])
+        lines, first = [*lines, ""], len(lines) + 1
+    if keywords and lines[first:first + 1] == ["Keywords:"]:
+        lines[first + 1 : first + 1] = keywords
+    elif keywords:
+        lines[first:first] = ["Keywords:", *keywords, ""]
+    return "\n".join([*lines[:first], *sections, *lines[first:]]).rstrip("\n")
+
+
+def keyword_lines(reference, params, tpu_blocks=None, mosaic_gpu_options=None):
+    """The Keywords a kernel's docstring says, from what its decorator declares once: its
+    TPU blocks and the spec's (`tpu_blocks`), a product's Mosaic GPU choices (where
+    `mosaic_gpu_options` is given) and each param (`params`: its dtype) with its default
+    (the reference's)."""
+    said = []
+    if tpu_blocks is not None and tpu_blocks.tiling:
+        names = ", ".join(block_keyword(dim) for dim in tpu_blocks.tiling)
+        spec = ", ".join(map(str, tpu_blocks.chips[None]["default"]))
+        said.append(f"{names}: TPU blocks (None: as its tpu_blocks choose; the spec's: {spec}).")
+    if mosaic_gpu_options is not None:
+        said.append(
+            "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth"
+            " (None: as its mosaic_gpu_options choose by GPU kind and sizes)."
+        )
+    defaults = inspect.signature(reference).parameters
+    spec_names = {jnp.dtype(dtype): name for name, dtype in SPEC_DTYPES.items()}
+    for name, dtype in params.items():
+        said.append(f"{name}: a static {spec_names[jnp.dtype(dtype)]} (default {defaults[name].default!r}).")
+    return [line for text in said for line in textwrap.wrap(text, 96, initial_indent="  ", subsequent_indent="    ")]
 
 
 # The spec's dtypes, by the names it gives them (analysis.dtypes.DTYPES: a test checks the two agree).

@@ -102,13 +102,8 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
         why = refusal(checked.gradient.saving) or "its nested reductions, written as residuals too, are not planned in stages"
         said = f"Under jax.grad it runs on Triton, which writes its residuals: {why}."
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
+    # a product's choices are documented by the runtime, from its public function's mosaic_gpu_options
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
-    if tunable:
-        said = (
-            "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth (None: as its"
-            " mosaic_gpu_options choose by GPU kind and sizes)."
-        )
-        doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     chooser = (Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),) if with_triton else ()
     return KeywordGroup((*chooser, *tunable), tuple(doc))
 

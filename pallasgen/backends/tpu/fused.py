@@ -505,4 +505,4 @@ def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset())
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords of a fused kernel, and their docstring lines."""
-    return block_keywords(checked, tunable_dims(checked))
+    return block_keywords(tunable_dims(checked))

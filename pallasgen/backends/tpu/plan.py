@@ -153,21 +153,13 @@ def grows_blocks(checked: CheckedKernel) -> bool:
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
-    return block_keywords(checked, tunable_dims(checked))
+    return block_keywords(tunable_dims(checked))
 
 
-def block_keywords(checked: CheckedKernel, tunable) -> KeywordGroup:
-    """The public keywords `block_*` of the `tunable` dimensions, and their line of the
-    docstring: what the module's docstring says of every kernel's, less its table and
-    the spec's blocks."""
-    keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
-    if not tunable:
-        return KeywordGroup(keywords, ())
-    names = ", ".join(block_keyword(d) for d in tunable)
-    defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    said = f"{names}: TPU blocks (None: as its tpu_blocks choose; the spec's: {defaults})."
-    lines = textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
-    return KeywordGroup(keywords, tuple(lines))
+def block_keywords(tunable) -> KeywordGroup:
+    """The public keywords `block_*` of the `tunable` dimensions. The runtime documents them
+    from the public function's `tpu_blocks` (rt.keyword_lines)."""
+    return KeywordGroup(tuple(Keyword(block_keyword(d), "None") for d in tunable), ())
 
 
 def block_table(
