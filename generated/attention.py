@@ -2069,8 +2069,9 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     return dk, dv
 
 
-def _attention_full_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, t, block_t, scale):
-    max_t_ref, sum_exp_t_ref, acc_t_ref = scratch
+def _attention_full_kernel(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
+):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
@@ -5259,8 +5260,9 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-def _matmul_softmax_stage_1_mosaic_gpu_kernel(x_ref, w_ref, acc_ref, *scratch, block_m, block_n, block_k, stages):
-    out_smem, barrier = scratch
+def _matmul_softmax_stage_1_mosaic_gpu_kernel(
+    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
+):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -5576,6 +5578,7 @@ def matmul_softmax_backward(y, dy):
     return dacc
 
 
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
 def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
@@ -5627,6 +5630,7 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
 def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -5661,8 +5665,10 @@ def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-def _matmul_softmax_backward_x_mosaic_gpu_kernel(dacc_ref, w_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
-    out_smem, barrier = scratch
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
+def _matmul_softmax_backward_x_mosaic_gpu_kernel(
+    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -5737,6 +5743,7 @@ def matmul_softmax_backward_x(dacc, w):
     return dx
 
 
+# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
 def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
@@ -5786,6 +5793,7 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
+# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
 def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
@@ -5820,8 +5828,10 @@ def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-def _matmul_softmax_backward_w_mosaic_gpu_kernel(x_ref, dacc_ref, dw_ref, *scratch, block_k, block_n, block_m, stages):
-    out_smem, barrier = scratch
+# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
+def _matmul_softmax_backward_w_mosaic_gpu_kernel(
+    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+):
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6035,8 +6045,9 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k]
 
 
-def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(w_ref, lhs_ref, y_ref, *scratch, block_m, block_n, block_k, stages):
-    out_smem, barrier = scratch
+def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
+    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
+):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -6235,8 +6246,9 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
     )(x, g)
 
 
-def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *scratch, block_m, block_k, k):
-    mean_k_smem, lhs_buffers = scratch
+def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
+    x_ref, g_ref, lhs_ref, mean_k_ref, mean_k_smem, lhs_buffers, *, block_m, block_k, k
+):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -6333,35 +6345,11 @@ def rmsnorm_matmul_lhs(x, g):
     return lhs, mean_k
 
 
-def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_n_ref, *, n, block_n):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _init():
-        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
-
-    dy, w = dy_ref[...], w_ref[...]
-    acc_n_lhs = (
-        rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
-    )
-    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else w
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _finish():
-        acc_n = acc_n_ref[...]
-        dlhs_ref[...] = acc_n.astype(jnp.bfloat16)
-
-
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
     # 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
+        functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
@@ -6384,26 +6372,9 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     )(dy, w)
 
 
-def _rmsnorm_matmul_backward_lhs_gpu_kernel(dy_ref, w_ref, dlhs_ref, *, m, k, n, block_n):
-    block_m, block_k = dlhs_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
-    inside = rt.mask((block_m, block_k), in_m, in_k)
-
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
-        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dlhs_ref.shape, jnp.float32))
-    rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
-
-
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_backward_lhs_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
+        functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
         # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
@@ -6418,32 +6389,6 @@ def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_
     )(dy, w)
 
 
-def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
-    dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
-    program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, dy_smem, w_smem):
-            plgpu.wgmma(acc_ref, dy_smem, w_smem.T)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(dy_ref.shape[-1] // block_n,),
-            in_specs=[
-                rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
-                rt.mgpu_spec((block_k, block_n), lambda s: (program_k, s), jnp.bfloat16),
-            ],
-            max_concurrent_steps=stages,
-        )(dy_ref, w_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
-
-
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
     smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
     rt.mgpu_check_choices(
@@ -6453,7 +6398,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
     (dlhs,) = plgpu.kernel(
         functools.partial(
-            _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel,
+            _matmul_softmax_backward_x_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -6495,35 +6440,11 @@ def rmsnorm_matmul_backward_lhs(dy, w):
     return dlhs
 
 
-def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_m_ref, *, m, block_m):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _init():
-        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
-
-    lhs, dy = lhs_ref[...], dy_ref[...]
-    acc_m_lhs = (
-        rt.fill_past(lhs.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else lhs
-    )
-    acc_m_rhs = (
-        rt.fill_past(dy.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dy
-    )
-    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
-        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-    )
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _finish():
-        acc_m = acc_m_ref[...]
-        dw_ref[...] = acc_m.astype(jnp.bfloat16)
-
-
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
     # 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
+        functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
@@ -6546,26 +6467,9 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )(lhs, dy)
 
 
-def _rmsnorm_matmul_backward_w_gpu_kernel(lhs_ref, dy_ref, dw_ref, *, k, n, m, block_m):
-    block_k, block_n = dw_ref.shape
-    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_k, block_n), in_k, in_n)
-
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        lhs = rt.load(lhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        return acc + jax.lax.dot_general(lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-
-    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
-    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
-
-
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
+        functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
@@ -6580,31 +6484,6 @@ def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )(lhs, dy)
 
 
-def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(lhs_ref, dy_ref, dw_ref, *scratch, block_k, block_n, block_m, stages):
-    out_smem, barrier = scratch
-    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, lhs_smem, dy_smem):
-            plgpu.wgmma(acc_ref, lhs_smem, dy_smem)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(lhs_ref.shape[-1] // block_m,),
-            in_specs=[
-                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.bfloat16),
-                rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
-            ],
-            max_concurrent_steps=stages,
-        )(lhs_ref, dy_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
-
-
 def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, stages, interpret):
     smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
     rt.mgpu_check_choices("rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
@@ -6613,7 +6492,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
     lhs, dy = rt.mgpu_pad(lhs, (padded_k, padded_m)), rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
-            _rmsnorm_matmul_backward_w_mosaic_gpu_kernel,
+            _matmul_softmax_backward_w_mosaic_gpu_kernel,
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,

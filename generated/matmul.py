@@ -282,8 +282,9 @@ def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_war
     )(dz, y)
 
 
-def _matmul_backward_x_mosaic_gpu_kernel(dz_ref, y_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
-    out_smem, barrier = scratch
+def _matmul_backward_x_mosaic_gpu_kernel(
+    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -431,8 +432,10 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
     )(x, dz)
 
 
-def _matmul_backward_y_mosaic_gpu_kernel(x_ref, dz_ref, dy_ref, *scratch, block_k, block_n, block_m, stages):
-    out_smem, barrier = scratch
+# Also `matmul_relu_backward_y`'s: the same code, written once.
+def _matmul_backward_y_mosaic_gpu_kernel(
+    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+):
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -604,8 +607,9 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *scratch, block_m, block_n, block_k, stages):
-    out_smem, acc_smem, barrier = scratch
+def _matmul_relu_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
+):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -795,6 +799,7 @@ def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     )(acc, dz, y)
 
 
+# Also `matmul_relu_backward_y`'s: the same code, written once.
 def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -1020,62 +1025,19 @@ def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, block_m, block_n):
-    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def step(_, acc_smem, dz_smem, rhs_smem):
-        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        dacc = jnp.where(acc > 0, dz, 0)
-        rhs_smem[...] = dacc
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-    )(acc_ref, dz_ref, rhs_ref)
-
-
 def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(_matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        functools.partial(_matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
         interpret=interpret,
     )(acc, dz)
     return rhs[:m, :n]
-
-
-def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
-    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
-):
-    program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, rhs_smem):
-            plgpu.wgmma(acc_ref, x_smem, rhs_smem.T)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_m,),
-            in_specs=[
-                rt.mgpu_spec((block_k, block_m), lambda s: (program_k, s), jnp.float32),
-                rt.mgpu_spec((block_n, block_m), lambda s: (program_n, s), jnp.float32),
-            ],
-            max_concurrent_steps=stages,
-        )(x_ref, rhs_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
 _matmul_relu_backward_y_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 32, 2)}, ("K", "N", "M"))
@@ -1098,11 +1060,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-            stages=stages,
+            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
@@ -1483,6 +1441,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     )(acc, bias, dz, y)
 
 
+# Also `matmul_bias_gelu_backward_y`'s: the same code, written once.
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -1638,8 +1597,9 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     return dx
 
 
-def _matmul_bias_gelu_backward_y_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *scratch, m, block_m):
-    acc_m_ref, sum_m_ref = scratch
+def _matmul_bias_gelu_backward_y_kernel(
+    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, acc_m_ref, sum_m_ref, *, m, block_m
+):
     m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
@@ -1837,33 +1797,6 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     return dbias[:n].reshape((1, n))
 
 
-def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n):
-    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
-        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        z_1 = acc + bias
-        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-        dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-        )
-        dacc = dz_1.astype(jnp.bfloat16)
-        rhs_smem[...] = dacc
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16),
-        ],
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
-    )(acc_ref, bias_ref, dz_ref, rhs_ref)
-
-
 def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
     """Stage 2 of `matmul_bias_gelu_backward_y`."""
     block_m, block_n = 64, 128
@@ -1871,7 +1804,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(_matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        functools.partial(_matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
@@ -2404,6 +2337,7 @@ def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block
     )(dz, y)
 
 
+# Also `batched_matmul_backward_y`'s: the same code, written once.
 def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
     program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -2627,29 +2561,13 @@ def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block
     )(dz, x)
 
 
-def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
-    program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def step(_, dz_smem, rhs_smem):
-        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        dacc = dz.astype(jnp.bfloat16)
-        rhs_smem[...] = dacc
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.bfloat16)],
-    )(dz_ref.at[program_b], rhs_ref.at[program_b])
-
-
 def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_y`."""
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
-        functools.partial(_batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        functools.partial(_batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "M", "N"),
@@ -3098,8 +3016,9 @@ def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, nu
     )(dacc, k)
 
 
-def _scores_backward_q_mosaic_gpu_kernel(dacc_ref, k_ref, dq_ref, *scratch, block_s, block_d, block_t, stages):
-    out_smem, barrier = scratch
+def _scores_backward_q_mosaic_gpu_kernel(
+    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
+):
     program_b, program_s, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3255,8 +3174,9 @@ def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, nu
     )(dacc, q)
 
 
-def _scores_backward_k_mosaic_gpu_kernel(dacc_ref, q_ref, dk_ref, *scratch, block_t, block_d, block_s, stages):
-    out_smem, barrier = scratch
+def _scores_backward_k_mosaic_gpu_kernel(
+    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
+):
     program_b, program_t, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("T"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3417,8 +3337,9 @@ def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, nu
     )(x, w, bias)
 
 
-def _linear_mosaic_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *scratch, block_m, block_n, block_k, stages):
-    out_smem, barrier, bias_smem = scratch
+def _linear_mosaic_gpu_kernel(
+    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
+):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3725,8 +3646,9 @@ def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_war
     )(dy, w)
 
 
-def _linear_backward_x_mosaic_gpu_kernel(dy_ref, w_ref, dx_ref, *scratch, block_m, block_k, block_n, stages):
-    out_smem, barrier = scratch
+def _linear_backward_x_mosaic_gpu_kernel(
+    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3874,8 +3796,9 @@ def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_war
     )(dy, x)
 
 
-def _linear_backward_w_mosaic_gpu_kernel(dy_ref, x_ref, dw_ref, *scratch, block_n, block_k, block_m, stages):
-    out_smem, barrier = scratch
+def _linear_backward_w_mosaic_gpu_kernel(
+    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
+):
     program_n, program_k = jax.lax.axis_index("N"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue

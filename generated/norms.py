@@ -601,8 +601,9 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
     return dx
 
 
-def _layer_norm_backward_over_m_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *scratch, m, block_m):
-    sum_m_running_ref, sum_over_m_running_ref = scratch
+def _layer_norm_backward_over_m_kernel(
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, sum_m_running_ref, sum_over_m_running_ref, *, m, block_m
+):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -1083,8 +1084,9 @@ def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_st
     )(x, w, mean_n, dy)
 
 
-def _rms_norm_backward_mosaic_gpu_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *scratch, block_m, block_n, n, eps):
-    barrier, mean_n_smem, dx_buffers = scratch
+def _rms_norm_backward_mosaic_gpu_kernel(
+    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, barrier, mean_n_smem, dx_buffers, *, block_m, block_n, n, eps
+):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0])
     mean_n = rt.mgpu_load_vector(mean_n_smem, 0)

@@ -760,8 +760,9 @@ def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, n
     )(x, logsumexp_n, dy)
 
 
-def _log_softmax_backward_mosaic_gpu_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *scratch, block_m, block_n, n):
-    barrier, logsumexp_n_smem, dx_buffers = scratch
+def _log_softmax_backward_mosaic_gpu_kernel(
+    x_ref, logsumexp_n_ref, dy_ref, dx_ref, barrier, logsumexp_n_smem, dx_buffers, *, block_m, block_n, n
+):
     program_m = jax.lax.axis_index("M")
     rt.mgpu_copy_in(logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)

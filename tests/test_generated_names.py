@@ -156,3 +156,19 @@ def test_sharing_goes_on_while_callers_become_the_same():
 def test_public_functions_are_never_shared():
     pieces = [("a", "def a(x):\n    return x\n"), ("b", "def b(x):\n    return x\n")]
     assert share_identical_functions(pieces) == [source for _, source in pieces]
+
+
+def test_functions_alike_but_for_their_own_names_are_shared_and_keywords_are_not_renamed():
+    kernel = "def _{0}_kernel({1}_ref, z_ref, *, n):\n    {1} = {1}_ref[...]\n    z_ref[...] = {1} * n\n"
+    pieces = [(name, kernel.format(name, array)) for name, array in (("a", "x"), ("b", "dz"))]
+    other = ("c", "def _c_kernel(x_ref, z_ref, *, k):\n    x = x_ref[...]\n    z_ref[...] = x * k\n")
+    a, c = share_identical_functions([*pieces, other])  # b's piece is left empty: its kernel is a's
+    assert a.startswith("# Also `b`'s: the same code, written once.\ndef _a_kernel(x_ref, z_ref, *, n):")
+    assert c == other[1]  # its keyword is another name, which its callers bind: kept apart
+
+
+def test_the_bundled_backward_products_of_two_kernels_share_their_kernels():
+    """attention.pallas: rmsnorm_matmul's dlhs = dy @ w.T is matmul_softmax's dx = dacc @ w.T."""
+    source = (ROOT / "generated" / "attention.py").read_text(encoding="utf-8")
+    assert "_rmsnorm_matmul_backward_lhs_kernel" not in source
+    assert "functools.partial(_matmul_softmax_backward_x_kernel" in source.split("def _rmsnorm_matmul_backward_lhs_tpu")[1]

@@ -63,17 +63,17 @@ def test_a_loops_running_values_unpack_into_the_results_they_are():
     assert unpacked_results(running, finishes) == ("_, argmax_n, top, total", ["lse = rt.logsumexp_finish(top, total)"])
 
 
-def test_scratch_refs_are_gathered_where_naming_each_would_take_more_lines():
-    refs = ["q_ref", "k_ref", "v_ref", "o_ref", "lse_ref"]
-    scratch = ["q_smem", "o_smem", "lse_smem", "operand_smem", "operand_smem_2", "barrier"]
-    keywords = ["h", "size_s", "t", "block_t", "scale"]
-    parameters, unpacked = kernel_signature("_attention_mosaic_gpu_kernel", refs, scratch, keywords)
-    assert parameters == "q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale"
-    assert unpacked == ("q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch",)
-    short = kernel_signature("_matmul_kernel", ["x_ref", "y_ref", "z_ref"], ["acc_ref", "out_smem"], ["k"])
+def test_scratch_refs_are_gathered_where_naming_each_would_take_a_line_apiece():
+    refs = ["q_ref", "k_ref", "v_ref", "o_ref", "do_ref", "lse_ref", "dq_ref", "delta_ref"]
+    scratch = ["q_smem", "o_smem", "do_smem", "lse_smem", "dq_smem", "delta_smem", "operand_smem", "barrier"]
+    keywords = ["h", "size_s", "d", "t", "block_t", "scale"]
+    parameters, unpacked = kernel_signature(refs, scratch, keywords)
+    assert parameters == ", ".join([*refs, "*scratch", *keywords])
+    assert unpacked == ("q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch",)
+    short = kernel_signature(["x_ref", "y_ref", "z_ref"], ["acc_ref", "out_smem"], ["k"])
     assert short == ("x_ref, y_ref, z_ref, acc_ref, out_smem, *, k", ())
-    one = kernel_signature("_f" * 40, refs * 3, ["acc_ref"], keywords)  # long, but one scratch ref stays named
-    assert one[1] == () and one[0].endswith("acc_ref, *, h, size_s, t, block_t, scale")
+    one = kernel_signature(refs * 3, ["acc_ref"], keywords)  # long, but one scratch ref stays named
+    assert one[1] == () and one[0].endswith("acc_ref, *, h, size_s, d, t, block_t, scale")
 
 
 def test_a_generated_kernel_with_many_scratch_refs_unpacks_them_first():

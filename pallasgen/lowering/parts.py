@@ -111,36 +111,16 @@ def parameter_list(positional: list[str], keyword_only: list[str]) -> str:
     return ", ".join([*positional, *(["*", *keyword_only] if keyword_only else [])])
 
 
-def kernel_signature(
-    function: str, refs: list[str], scratch: list[str], keywords: list[str]
-) -> tuple[str, tuple[str, ...]]:
+def kernel_signature(refs: list[str], scratch: list[str], keywords: list[str]) -> tuple[str, tuple[str, ...]]:
     """A kernel's parameters and the lines its body opens with. Its scratch refs come last:
-    named in the signature, or, where that is shorter, gathered by `*scratch` and unpacked
-    by the body's first line (black writes parameters that do not fit one line one to a
-    line: an attention kernel's 27)."""
+    named in the signature, or, where naming each would take a line apiece (black writes
+    parameters that do not fit one line one to a line: an attention kernel's 27),
+    gathered by `*scratch` and unpacked by the body's first line. Which does not depend on
+    the kernel's name, so that kernels alike but for their names stay alike."""
     named = parameter_list([*refs, *scratch], keywords)
-    if len(scratch) < 2:
+    if len(scratch) < 2 or 4 + len(named) + 1 <= LINE_LENGTH:  # one line, a trailing comma added
         return named, ()
-    gathered = ", ".join([*refs, "*scratch", *keywords])
-    unpack = f"{', '.join(scratch)} = scratch"
-    lines = _signature_lines(function, gathered) + _statement_lines(unpack, len(scratch))
-    if lines >= _signature_lines(function, named):
-        return named, ()
-    return gathered, (unpack,)
-
-
-def _signature_lines(function: str, parameters: str) -> int:
-    """The lines black writes `def function(parameters):` in."""
-    if len(f"def {function}({parameters}):") <= LINE_LENGTH:
-        return 1
-    if 4 + len(parameters) + 1 <= LINE_LENGTH:  # a trailing comma may be added
-        return 3
-    return 2 + len(parameters.split(", "))
-
-
-def _statement_lines(statement: str, items: int) -> int:
-    """The lines black writes a kernel body's statement of `items` targets in."""
-    return 1 if 4 + len(statement) <= LINE_LENGTH else items + 2
+    return ", ".join([*refs, "*scratch", *keywords]), (f"{', '.join(scratch)} = scratch",)
 
 
 def partial_call(function: str, keywords: list[str]) -> str:

@@ -2,11 +2,14 @@
 code (`add_f32` and `add_i32` take the same TPU kernel: a Ref's dtype is not in its code),
 the module keeps the first and the other's callers call it.
 
-Two top-level functions are identical when their parameters, docstrings and bodies are
-the same Python (compared as ASTs, so formatting does not count), whatever their names.
-Only private functions without decorators are shared: public functions are the module's
-API. Sharing one may make its callers identical in turn (two launchers that differed
-only in the kernel they call): those are shared as well, until no two are the same.
+Two top-level functions are identical when their docstrings and bodies are the same
+Python (compared as ASTs, so formatting does not count), whatever their names and those
+of their positional parameters and local variables: `_matmul_backward_y`'s kernel is
+`_matmul_backward_x`'s, its refs named after the arrays of the kernel written first.
+Keyword-only parameters keep their names, which callers bind. Only private functions
+without decorators are shared: public functions are the module's API. Sharing one may
+make its callers identical in turn (two launchers that differed only in the kernel they
+call): those are shared as well, until no two are the same.
 """
 
 from __future__ import annotations
@@ -50,10 +53,31 @@ def _shareable(node: ast.stmt) -> bool:
 
 
 def _code(node: ast.FunctionDef) -> str:
-    """The function as Python, less its name."""
-    return (
-        ast.dump(ast.Module([*node.body], type_ignores=[])) + ast.dump(node.args) + ast.dump(node.returns or ast.Pass())
-    )
+    """The function as Python, less its name, each of its own names (positional parameters,
+    and what its body binds) numbered in the order it first appears."""
+    own = {a.arg for a in [*node.args.posonlyargs, *node.args.args]}
+    own |= {node.args.vararg.arg} if node.args.vararg else set()
+    for inner in ast.walk(ast.Module([*node.body], type_ignores=[])):
+        if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+            own.add(inner.id)
+        elif isinstance(inner, (ast.FunctionDef, ast.Lambda)):
+            own |= {inner.name} if isinstance(inner, ast.FunctionDef) else set()
+            own |= {a.arg for a in [*inner.args.posonlyargs, *inner.args.args]}
+    numbers: dict[str, str] = {}
+    copy = ast.parse(ast.unparse(node)).body[0]
+    for inner in ast.walk(copy):
+        for field, name in (("id", getattr(inner, "id", None)), ("arg", getattr(inner, "arg", None))):
+            if isinstance(name, str) and name in own and not _keyword_only(copy, inner):
+                setattr(inner, field, numbers.setdefault(name, f"_{len(numbers)}"))
+        if isinstance(inner, ast.FunctionDef) and inner is not copy and inner.name in own:
+            inner.name = numbers.setdefault(inner.name, f"_{len(numbers)}")
+    return ast.dump(ast.Module([*copy.body], type_ignores=[])) + ast.dump(copy.args)
+
+
+def _keyword_only(function: ast.FunctionDef, node: ast.AST) -> bool:
+    """Whether `node` is a keyword-only parameter of `function`, or a keyword argument:
+    names that callers and callees bind."""
+    return node in function.args.kwonlyargs or isinstance(node, ast.keyword)
 
 
 def _without(source: str, nodes: list[ast.FunctionDef]) -> str:

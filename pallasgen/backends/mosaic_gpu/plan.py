@@ -236,7 +236,7 @@ class _Planner:
         launcher's keyword for each public one it takes, None by default where it chooses
         them itself (`table`), as a stage does."""
         kernel, checked = self.kernel, self.checked
-        kernel_parameters, unpacked = kernel_signature(kernel_function_name(kernel.name), *signature)
+        kernel_parameters, unpacked = kernel_signature(*signature)
         params = [p.name for p in kernel.params]
         chosen = chosen or {}
         launcher = parameter_list(

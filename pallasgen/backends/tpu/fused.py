@@ -236,7 +236,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     plain = [(count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names]
     vmem_needed = residual_vmem_code(terms, plain if lowered.residuals else None, extents, set(fused.batch))
     kernel_parameters, unpacked = kernel_signature(
-        kernel_function, [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
+        [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
     )
     return TpuPlan(
         function=launcher,

@@ -287,7 +287,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     vmem_needed = residual_vmem_code(vmem_terms(kernel, checked.blocks, None), plain_terms, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
     kernel_parameters, unpacked = kernel_signature(
-        kernel_function_name(kernel.name), [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, kernel_keywords
+        [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, kernel_keywords
     )
     return TpuPlan(
         function=launcher_name(kernel.name),
