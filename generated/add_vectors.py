@@ -109,11 +109,10 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
 
 
 def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
-    """`add_vectors`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
-    which the backward kernels recompute the values they need.
+    """`add_vectors`'s backward pass, for jax.grad: it passes z's cotangent on as x's and y's, with no backward
+    kernel. The derivative is 1.
     """
-    dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
+    return dz, dz
 
 
 @rt.kernel(
@@ -134,113 +133,7 @@ def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_vectors(x, y):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
-    Gradients: jax.grad runs the generated backward kernels add_vectors_backward (_add_vectors_vjp).
+    Gradients: jax.grad passes z's cotangent on as x's and y's, with no backward kernel: the derivative is 1.
     """
     z = x + y
     return z
-
-
-def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
-    dz = dz_ref[...]
-    dx_ref[...] = dz
-    dy_ref[...] = dz
-
-
-def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
-    return pl.pallas_call(
-        _add_vectors_backward_kernel,
-        # One step per block of N; steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(n, block_n),),
-        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]
-        out_specs=(
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
-        ),
-        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * n),
-        interpret=interpret,
-        name="add_vectors_backward",
-    )(dz)
-
-
-def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n):
-    (block_n,) = dx_ref.shape
-    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((block_n,), in_n)
-    dz = rt.load(dz_ref, inside)
-    rt.store(dx_ref, dz, inside)
-    rt.store(dy_ref, dz, inside)
-
-
-def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
-    return pl.pallas_call(
-        functools.partial(_add_vectors_backward_gpu_kernel, n=n),
-        # One program per block of N; programs run concurrently.
-        grid=(pl.cdiv(n, block_n),),
-        in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))],  # dz: f32[N]
-        out_specs=(
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # dx: f32[N]
-            pl.BlockSpec((block_n,), lambda i: (i,)),  # dy: f32[N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),  # dx  # dy
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="add_vectors_backward",
-    )(dz)
-
-
-def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
-    program_n = jax.lax.axis_index("N")
-
-    def step(_, dz_smem, dx_smem, dy_smem):
-        dz = dz_smem[...]
-        dx_smem[...] = dz
-        dy_smem[...] = dz
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
-        out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))] * 2,
-    )(dz_ref, dx_ref, dy_ref)
-
-
-def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
-    block_n = 256
-    padded_n = n + -n % block_n
-    dz = rt.mgpu_pad(dz, (padded_n,))
-    dx, dy = plgpu.kernel(
-        functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),
-        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
-        grid=(pl.cdiv(padded_n, block_n),),
-        grid_names=("N",),
-        interpret=interpret,
-    )(dz)
-    return dx[:n], dy[:n]
-
-
-@rt.kernel(
-    inputs=("dz: f32[N]",),
-    outputs=("dx: f32[N]", "dy: f32[N]"),
-    sizes={"N": "n"},
-    tpu=_add_vectors_backward_tpu,
-    tpu_blocks=rt.TpuBlocks(
-        tiling={"N": (1024, "1-D f32", 128)},
-        chips={None: {"default": (1048576,)}},
-        step=lambda n, block_n: (block_n, 24 * block_n),
-    ),
-    triton=_add_vectors_backward_gpu,
-    triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
-    mosaic_gpu=_add_vectors_backward_mosaic_gpu,
-)
-def add_vectors_backward(dz):
-    """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
-    """
-    dx = dz
-    dy = dz
-    return dx, dy

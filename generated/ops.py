@@ -113,11 +113,10 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
-    """`add_f32`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
-    which the backward kernels recompute the values they need.
+    """`add_f32`'s backward pass, for jax.grad: it passes z's cotangent on as x's and y's, with no backward kernel.
+    The derivative is 1.
     """
-    dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
-    return dx, dy
+    return dz, dz
 
 
 @rt.kernel(
@@ -138,120 +137,10 @@ def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
 def add_f32(x, y):
     """The `add_f32` Pallas kernel.
 
-    Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
+    Gradients: jax.grad passes z's cotangent on as x's and y's, with no backward kernel: the derivative is 1.
     """
     z = x + y
     return z
-
-
-def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
-    dz = dz_ref[...]
-    dx_ref[...] = dz
-    dy_ref[...] = dz
-
-
-def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
-    return pl.pallas_call(
-        _add_f32_backward_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is parallel.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
-        ),
-        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + 8 * m * n),
-        interpret=interpret,
-        name="add_f32_backward",
-    )(dz)
-
-
-def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n):
-    block_m, block_n = dx_ref.shape
-    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    dz = rt.load(dz_ref, inside)
-    rt.store(dx_ref, dz, inside)
-    rt.store(dy_ref, dz, inside)
-
-
-def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
-    return pl.pallas_call(
-        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M, block of N; programs run concurrently.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # dz: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="add_f32_backward",
-    )(dz)
-
-
-def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, block_n):
-    program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
-
-    def step(_, dz_smem, dx_smem, dy_smem):
-        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        dx_smem[...] = dz
-        dy_smem[...] = dz
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
-        out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)] * 2,
-    )(dz_ref, dx_ref, dy_ref)
-
-
-def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
-    block_m, block_n = 64, 128
-    padded_m, padded_n = m + -m % 8, n + -n % block_n
-    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    dx, dy = plgpu.kernel(
-        functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
-        out_type=(
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
-            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
-        ),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(dz)
-    return dx[:m, :n], dy[:m, :n]
-
-
-@rt.kernel(
-    inputs=("dz: f32[M, N]",),
-    outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
-    sizes={"M": "m", "N": "n"},
-    tpu=_add_f32_backward_tpu,
-    tpu_blocks=rt.TpuBlocks(
-        tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
-        chips={None: {"default": (256, 512)}},
-        step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    ),
-    triton=_add_f32_backward_gpu,
-    triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
-    mosaic_gpu=_add_f32_backward_mosaic_gpu,
-)
-def add_f32_backward(dz):
-    """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
-    """
-    dx = dz
-    dy = dz
-    return dx, dy
 
 
 # Also `mul_i32`'s: the same code, written once.

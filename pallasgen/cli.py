@@ -208,7 +208,7 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
     for module, checked in kernels:
         dims = runner.sizes_for(checked, given)
         checks = [runner.run_kernel]
-        if not no_grad and runner.has_backward_kernels(checked):
+        if not no_grad and runner.has_gradient(checked):
             checks.append(runner.run_gradient)
         for check in checks:
             for result in _within_memory(checked, dims, lambda: check(module, checked, dims, seed)):

@@ -130,6 +130,7 @@ def backward_by_references(module, gradient, inputs: str, arrays, dz) -> list:
         args = [dz if a.source == "cotangent" else inputs[a.name] for a in backward.arguments]
         outs = getattr(module, backward.checked.kernel.name).reference(*args)
         found.update(zip(backward.results, outs if isinstance(outs, tuple) else (outs,)))
+    found.update({name: dz for name, _ in gradient.passed})  # passed on as it is: no kernel
     return [found.get(name) for name in inputs]
 
 
@@ -358,6 +359,32 @@ def test_integer_inputs_get_float0_cotangents(tmp_path):
     dx, dk = vjp(dy)
     assert dk.dtype == jax.dtypes.float0 and dk.shape == (5,)
     np.testing.assert_array_equal(dx, 2.0 * np.arange(5.0))
+
+
+def test_a_cotangent_that_is_an_inputs_as_it_is_is_passed_on_without_a_kernel():
+    """add_vectors: dx = dz and dy = dz. No backward kernel copies them: jax.grad's jaxpr
+    holds the forward kernel only, and its cotangents are dz itself."""
+    module = generated_module("add_vectors")
+    assert not hasattr(module, "add_vectors_backward")
+    x = jnp.arange(300.0)
+
+    def loss(x, y):
+        return (module.add_vectors(x, y, interpret=True) * jnp.arange(300.0)).sum()
+
+    calls, _ = pallas_calls_and_primitives(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, x))
+    assert calls == ["add_vectors"]
+    dx, dy = jax.grad(loss, argnums=(0, 1))(x, 2 * x)
+    np.testing.assert_array_equal(dx, np.arange(300.0))
+    np.testing.assert_array_equal(dy, np.arange(300.0))
+    assert "passes z's cotangent on as x's and y's, with no backward kernel" in module.add_vectors.__doc__
+
+
+def test_a_cast_or_a_sum_of_a_cotangent_still_takes_a_kernel(tmp_path):
+    source = "kernel up {\n    in  x: bf16[N]\n    out y: f32[N]\n    y = f32(x)\n    block N = 1024\n}\n"
+    module = load(tmp_path, "up", source)
+    assert hasattr(module, "up_backward")  # dx = bf16(dy): a cast
+    dx = jax.grad(lambda x: module.up(x, interpret=True).sum())(jnp.ones(5, jnp.bfloat16))
+    assert dx.dtype == jnp.bfloat16 and np.asarray(dx, np.float32).tolist() == [1.0] * 5
 
 
 def test_a_kernel_with_integer_outputs_only_has_zero_cotangents_and_no_backward_kernel():
@@ -625,6 +652,7 @@ def test_derived_backward_kernels_of_random_specs_give_jaxs_derivatives(tmp_path
         args = [cotangents[a.name] if a.source == "cotangent" else arrays[a.name] for a in backward.arguments]
         results = getattr(module, backward.checked.kernel.name).reference(*args)
         got.update(zip(backward.results, results if isinstance(results, tuple) else (results,)))
+    got.update({name: cotangents[output] for name, output in checked.gradient.passed})  # as it is: no kernel
     bf16 = "bf16" in spec
     for name, w in zip(arrays, want, strict=True):
         g = got.get(name, np.zeros(w.shape))

@@ -144,6 +144,13 @@ def run_kernel(module, checked: CheckedKernel, sizes: dict[str, int], seed: int)
     return report
 
 
+def has_gradient(checked: CheckedKernel) -> bool:
+    """Whether `jax.grad` of the kernel gives cotangents other than zeros: by backward
+    kernels, or passed on as they are."""
+    gradient = checked.gradient
+    return has_backward_kernels(checked) or bool(gradient and gradient.passed)
+
+
 def has_backward_kernels(checked: CheckedKernel) -> bool:
     """Whether `jax.grad` of the kernel runs generated backward kernels."""
     gradient = checked.gradient
@@ -157,6 +164,8 @@ def why_no_backward(checked: CheckedKernel) -> str:
         return f"its spec says `grad none` at line {gradient.turned_off.position.line}"
     if gradient.not_yet is not None:
         return f"none is generated yet for {gradient.not_yet}"
+    if gradient.passed:
+        return "its backward pass passes the cotangents on as they are"
     return "no float input reaches a float output"
 
 

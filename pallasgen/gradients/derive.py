@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.gradients import attention as attention_gradients, fused as fused_gradients, products as product_gradients, reverse
-from pallasgen.gradients.backward import Argument, Derived, Residual, is_float
+from pallasgen.gradients.backward import Argument, Derived, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
@@ -48,6 +48,7 @@ class Gradient:
     recomputed: tuple[str, ...] = ()  # the forward values the backward kernels recompute
     turned_off: ir.GradNone | None = None
     not_yet: str | None = None  # what the kernel has that no backward kernel is generated for yet
+    passed: tuple[tuple[str, str], ...] = ()  # (input, output): the output's cotangent is the input's, as it is
 
     @property
     def results(self) -> frozenset[str]:
@@ -119,6 +120,9 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     derived = next(d for d in (derive(checked) for derive in DERIVATIONS) if d is not None)
     if isinstance(derived, str):
         return Gradient(not_yet=derived), []
+    forward = {d.name for d in kernel.inputs}
+    passed = tuple(pair for step in derived.steps for pair in _passed_on(step, forward))
+    derived = dataclasses.replace(derived, steps=tuple(s for s in derived.steps if not _passed_on(s, forward)))
     derived_kernels = [step.kernel for step in derived.steps]
     if derived.residuals:
         derived_kernels.insert(0, _saving_kernel(checked, derived.residuals))
@@ -149,7 +153,29 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     )
     saving = checked_kernels[derived_kernels[0].name] if derived.residuals else None
     residuals = tuple(r.name for r in derived.residuals)
-    return Gradient(backward, saving, residuals, derived.recomputed), []
+    return Gradient(backward, saving, residuals, derived.recomputed, passed=passed), []
+
+
+def _passed_on(step: Step, forward: set[str]) -> tuple[tuple[str, str], ...]:
+    """Where a backward kernel would copy cotangents and nothing else (`add`'s: dx = dz,
+    dy = dz), each (forward input, forward output) whose cotangent the input's is, as
+    it is: no kernel is needed. Empty where it computes anything, casts or broadcasts, or
+    gives a value that a later backward kernel reads (not one of the `forward` inputs')."""
+    kernel = step.kernel
+    if not set(step.results) <= forward:
+        return ()
+    inputs = {d.name: (d, a) for d, a in zip(kernel.inputs, step.arguments)}
+    outputs = {d.name: (d, result) for d, result in zip(kernel.outputs, step.results)}
+    passed = []
+    for statement in kernel.body:
+        if not (isinstance(statement, ir.Assign) and isinstance(statement.value, ir.Name)):
+            return ()
+        decl, argument = inputs.get(statement.value.id, (None, None))
+        out, result = outputs[statement.target]
+        if argument is None or argument.source != "cotangent" or (decl.dtype, decl.dims) != (out.dtype, out.dims):
+            return ()
+        passed.append((result, argument.name))
+    return tuple(passed)
 
 
 def _name_taken(forward: str, name: str, taken: dict[str, ir.Kernel]) -> Diagnostic:

@@ -77,6 +77,7 @@ def plan_gradient(
     }
     inputs = {d.name for d in kernel.inputs}
     results = {d.name: namer.claim(f"d{d.name}") for d in kernel.inputs if d.name in gradient.results}
+    results |= {input: names[(output, "cotangent")] for input, output in gradient.passed}
     for backward in gradient.kernels:
         names.update({(r, "backward"): namer.claim_spec(r) for r in backward.results if r not in inputs})
     calls = []
@@ -141,12 +142,25 @@ def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
         text = "Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError."
     elif gradient.not_yet is not None:
         text = f"Gradients: not generated yet for {gradient.not_yet}: jax.grad of it raises NotImplementedError."
-    elif not gradient.kernels:
-        text = "Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float output."
-    else:
+    elif gradient.kernels:
         kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
         text = f"Gradients: jax.grad runs the generated backward kernels {kernels} ({vjp_function})."
+        text += f" It passes {_passed(gradient)} as it is: the derivative is 1." if gradient.passed else ""
+    elif gradient.passed:
+        text = f"Gradients: jax.grad passes {_passed(gradient)}, with no backward kernel: the derivative is 1."
+    else:
+        text = "Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float output."
     return ("", *textwrap.wrap(text, DOC_WIDTH))
+
+
+def _passed(gradient: Gradient) -> str:
+    """The cotangents the backward pass passes on as they are: `z's cotangent on as x's and y's`."""
+    said = []
+    for output in dict.fromkeys(output for _, output in gradient.passed):
+        inputs = [f"{i}'s" for i, o in gradient.passed if o == output]
+        listed = inputs[0] if len(inputs) == 1 else f"{', '.join(inputs[:-1])} and {inputs[-1]}"
+        said.append(f"{output}'s cotangent on as {listed}")
+    return "; ".join(said)
 
 
 def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
@@ -157,6 +171,9 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
         return (f"`{kernel.name}` has no backward pass: its spec says `grad none`.",)
     if gradient.not_yet is not None:
         return (f"`{kernel.name}` has no backward pass yet: none is generated for {gradient.not_yet}.",)
+    if not gradient.kernels and gradient.passed:
+        text = f"`{kernel.name}`'s backward pass, for jax.grad: it passes {_passed(gradient)}, with no backward kernel."
+        return tuple(textwrap.wrap(text + " The derivative is 1.", DOC_WIDTH))
     if not gradient.kernels:
         text = (
             f"The cotangents of `{kernel.name}`'s inputs, for jax.grad: none (zeros, or float0 for integer"
@@ -180,4 +197,5 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
     )
     if integers:
         text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."
+    text += f" It passes {_passed(gradient)} as it is: the derivative is 1." if gradient.passed else ""
     return tuple(textwrap.wrap(text, DOC_WIDTH))
