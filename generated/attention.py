@@ -41,9 +41,8 @@ from pallasgen.runtime.support import plgpu
 
 
 def _attention_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, t, block_s, block_t, whole_strips, partial_strips, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, *, size_s, t, block_s, block_t, scale
 ):
-    max_t_ref, acc_t_ref, sum_exp_t_ref = scratch
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -100,6 +99,15 @@ def _attention_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -121,15 +129,6 @@ def _attention_kernel(
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
-    )
-
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
@@ -138,15 +137,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     # B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
     # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
-        functools.partial(
-            _attention_kernel,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
-        ),
+        functools.partial(_attention_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -419,11 +410,10 @@ def _attention_backward_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
+    size_s,
     t,
     block_s,
     block_t,
-    whole_strips,
-    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -483,6 +473,15 @@ def _attention_backward_dq_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -504,15 +503,6 @@ def _attention_backward_dq_kernel(
 
 
 def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
-    )
-
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
@@ -522,13 +512,7 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
     # their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
-            _attention_backward_dq_kernel,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
+            _attention_backward_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
@@ -827,21 +811,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
 
 
 def _attention_backward_dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *scratch,
-    size_s,
-    block_t,
-    block_s,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, t, size_s, block_t, block_s, scale
 ):
     acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
@@ -917,6 +887,15 @@ def _attention_backward_dkdv_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -937,15 +916,6 @@ def _attention_backward_dkdv_kernel(
 
 
 def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_t, block_s),
-        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
-        height=256,
-        chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
-    )
-
     # A step's block of S; a skipped step's is block 0, fetched at most once.
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
@@ -955,13 +925,7 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
     # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
-            _attention_backward_dkdv_kernel,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
+            _attention_backward_dkdv_kernel, t=t, size_s=size_s, block_t=block_t, block_s=block_s, scale=scale
         ),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
         # independent (parallel); steps along S accumulate in order (arbitrary).
@@ -1261,22 +1225,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
 
 def _attention_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, size_s, t, block_s, block_t, scale
 ):
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
@@ -1325,6 +1274,15 @@ def _attention_dq_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -1346,15 +1304,6 @@ def _attention_dq_kernel(
 
 
 def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
-    )
-
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
@@ -1363,15 +1312,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
     # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
     # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
-        functools.partial(
-            _attention_dq_kernel,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
-        ),
+        functools.partial(_attention_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
@@ -1651,21 +1592,7 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
 
 
 def _attention_dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *scratch,
-    s,
-    block_t,
-    block_s,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, t, s, block_t, block_s, scale
 ):
     acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
@@ -1734,6 +1661,15 @@ def _attention_dkdv_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -1754,15 +1690,6 @@ def _attention_dkdv_kernel(
 
 
 def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_t, block_s),
-        (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
-        height=256,
-        chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
-    )
-
     # A step's block of S; a skipped step's is block 0, fetched at most once.
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
@@ -1771,15 +1698,7 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
     # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
     # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
-        functools.partial(
-            _attention_dkdv_kernel,
-            s=s,
-            block_t=block_t,
-            block_s=block_s,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
-        ),
+        functools.partial(_attention_dkdv_kernel, t=t, s=s, block_t=block_t, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
         # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
@@ -2917,9 +2836,8 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
 
 def _attention_bottom_right_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, size_s, t, block_s, block_t, whole_strips, partial_strips, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, size_s, t, block_s, block_t, scale
 ):
-    max_t_ref, sum_exp_t_ref, acc_t_ref = scratch
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -2976,6 +2894,15 @@ def _attention_bottom_right_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -3000,15 +2927,6 @@ def _attention_bottom_right_kernel(
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
-    )
-
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
@@ -3019,14 +2937,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
     # pads to.
     return pl.pallas_call(
         functools.partial(
-            _attention_bottom_right_kernel,
-            size_s=size_s,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
-            scale=scale,
+            _attention_bottom_right_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
@@ -3300,23 +3211,7 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
 
 
 def _attention_bottom_right_backward_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    size_s,
-    t,
-    block_s,
-    block_t,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, size_s, t, block_s, block_t, scale
 ):
     s_start = pl.program_id(2) * block_s
     t_start = pl.program_id(3) * block_t
@@ -3372,6 +3267,15 @@ def _attention_bottom_right_backward_dq_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_s, block_t),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -3397,15 +3301,6 @@ def _attention_bottom_right_backward_dq_kernel(
 def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
-    whole_strips, partial_strips = rt.strips(
-        (block_s, block_t),
-        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
-        height=256,
-        chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
-    )
-
     # A step's block of T; a skipped step's is block 0, fetched at most once.
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
@@ -3420,8 +3315,6 @@ def _attention_bottom_right_backward_dq_tpu(
             t=t,
             block_s=block_s,
             block_t=block_t,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -3710,22 +3603,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
 
 
 def _attention_bottom_right_backward_dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *scratch,
-    t,
-    size_s,
-    block_t,
-    block_s,
-    whole_strips,
-    partial_strips,
-    scale,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, t, size_s, block_t, block_s, scale
 ):
     acc_s_ref, acc_s_2_ref = scratch
     t_start = pl.program_id(2) * block_t
@@ -3801,6 +3679,15 @@ def _attention_bottom_right_backward_dkdv_kernel(
                     cols,
                 )
 
+    whole_strips, partial_strips = rt.strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s >= t_start + block_t - 1,
+    )
+
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
@@ -3825,15 +3712,6 @@ def _attention_bottom_right_backward_dkdv_kernel(
 def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    whole_strips, partial_strips = rt.strips(
-        (block_t, block_s),
-        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
-        height=256,
-        chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s >= t_start + block_t - 1,
-    )
-
     # A step's block of S; a skipped step's is block 0, fetched at most once.
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
@@ -3848,8 +3726,6 @@ def _attention_bottom_right_backward_dkdv_tpu(
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
-            whole_strips=whole_strips,
-            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are

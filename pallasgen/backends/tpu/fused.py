@@ -199,7 +199,6 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     keywords = [
         *(sizes[d] for d in checked.dims),
         *(block_keyword(d) for d in tunable),
-        *(strips.keywords if strips else ()),
         *(p.name for p in kernel.params),
     ]
     prologue = used_starts(
@@ -336,7 +335,7 @@ def striped(checked: CheckedKernel) -> bool:
 
 def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering, body, sizes) -> StripsPlan:
     """The strip function's parameters and call (views of the refs its body reads, the
-    strip's first positions and extents), and the launcher's choice of strips."""
+    strip's first positions and extents), and the kernel's choice of strips."""
     kernel, fused = checked.kernel, checked.frame
     row, dim = fused.row, checked.sweep.dim
 
@@ -383,7 +382,7 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
 
 
 def _lambda(keyword: str, parameters: str, body: str) -> str:
-    """`keyword=lambda parameters: body`, a keyword of a call in the launcher; its body in
+    """`keyword=lambda parameters: body`, a keyword of a call in the kernel; its body in
     parentheses where it is too long for one line, so that black breaks the line there."""
     code = f"{keyword}=lambda {parameters}: {body}"
     return code if len(code) <= LINE_LENGTH - 9 else f"{keyword}=lambda {parameters}: ({body})"

@@ -77,7 +77,7 @@ class AccumulatorPlan:
         """The lines of code the kernel function writes for it, near enough to find the
         names they read."""
         strips = self.strips
-        extra = (strips.call, strips.whole_call, strips.blocks, strips.whole, *strips.keywords) if strips else ()
+        extra = (strips.call, strips.whole_call, strips.blocks, strips.whole, strips.choice) if strips else ()
         return (*self.init, *self.body, self.skip or "", *extra)
 
 
@@ -92,8 +92,8 @@ class StripsPlan:
     whole_call: str  # its call for the whole block
     blocks: str  # the block's (rows, cols)
     whole: str  # a block where the skip's condition holds at every position
-    keywords: tuple[str, str]  # the kernel's keywords: the strips of a whole block, of a partial one
-    choice: str  # the launcher's line that computes them
+    keywords: tuple[str, str]  # the strips of a whole block, of a partial one
+    choice: str  # the kernel's line that computes them (from Python ints, as it is traced)
 
 
 @dataclass(frozen=True)
