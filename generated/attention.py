@@ -6143,8 +6143,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_over_k = mean_over_k_running / k
-    mean_k = mean_over_k
+    mean_k = mean_over_k_running / k
     mean_k_smem[...] = mean_k
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(mean_k_smem, mean_k_ref.at[pl.ds(program_m * block_m, block_m)])

@@ -68,9 +68,8 @@ def _cross_entropy_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *scr
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
+        logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
         sum_v = sum_v_running_ref[...]
-        logsumexp_v = logsumexp_over_v
         if logsumexp_v_ref is not None:
             logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
@@ -156,8 +155,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
-    logsumexp_v = logsumexp_over_v
+    logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
     if logsumexp_v_ref is not None:
         rt.store(logsumexp_v_ref, logsumexp_v, inside)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
@@ -227,8 +225,7 @@ def _cross_entropy_mosaic_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_
             rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
-    logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
-    logsumexp_v = logsumexp_over_v
+    logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v

@@ -194,8 +194,7 @@ def matmul(x, y):
 
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x, matmul_backward_y (_matmul_vjp).
     """
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = acc
+    z = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
     return z
 
 
@@ -344,8 +343,7 @@ def matmul_backward_x(dz, y):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
     its input x, from dz, the cotangent of its product.
     """
-    acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
-    dx = acc
+    dx = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     return dx
 
 
@@ -497,8 +495,7 @@ def matmul_backward_y(x, dz):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
     its input y, from dz, the cotangent of its product.
     """
-    acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
-    dy = acc
+    dy = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     return dy
 
 
@@ -516,8 +513,7 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        acc = acc_k
+        acc = acc_k_ref[...]
         if acc_ref is not None:
             acc_ref[...] = acc
         z_ref[...] = jax.nn.relu(acc)
@@ -626,8 +622,7 @@ def _matmul_relu_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        product = product_ref[...]
-        acc = product
+        acc = product_ref[...]
         acc_smem[...] = acc
         out_smem[...] = jnp.maximum(acc, 0)
 
@@ -1126,9 +1121,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
+        acc = acc_k_ref[...]
         bias = bias_ref[...]
-        acc = acc_k
         if acc_ref is not None:
             acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -1244,9 +1238,8 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
         rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
-        product = product_ref[...]
+        acc = product_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        acc = product
         acc_smem[...] = acc
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
@@ -2080,8 +2073,7 @@ def matmul_int8(x, y):
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float
     output.
     """
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
-    z = acc
+    z = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
     return z
 
 
@@ -2243,8 +2235,7 @@ def batched_matmul(x, y):
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y
     (_batched_matmul_vjp).
     """
-    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
-    z = acc
+    z = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
     return z
 
 

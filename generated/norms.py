@@ -167,8 +167,7 @@ def _layer_norm_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_over_n = mean_over_n_running / n
-    mu = mean_over_n
+    mu = mean_over_n_running / n
 
     def reduce_2(indices, x_smem, carry):
         (mean_n_2_running,) = carry
@@ -187,8 +186,7 @@ def _layer_norm_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_n_2 = mean_n_2_running / n
-    mean_n = mean_n_2
+    mean_n = mean_n_2_running / n
     rstd = jax.lax.rsqrt(mean_n + eps)
     mu_smem[...] = mu
     rstd_smem[...] = rstd
@@ -911,8 +909,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_over_n = mean_over_n_running / n
-    mean_n = mean_over_n
+    mean_n = mean_over_n_running / n
     mean_n_smem[...] = mean_n
     plgpu.commit_smem()
     if mean_n_ref is not None:

@@ -597,8 +597,7 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
-    sum_n = jnp.sum(sum_partials)
-    n = sum_n
+    n = jnp.sum(sum_partials)
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
@@ -1010,8 +1009,7 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
-    sum_n = jnp.sum(sum_partials)
-    n = sum_n
+    n = jnp.sum(sum_partials)
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
@@ -1461,8 +1459,7 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
-    sum_n = jnp.sum(sum_partials)
-    n = sum_n
+    n = jnp.sum(sum_partials)
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 

@@ -1149,8 +1149,7 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
-    sum_n = jnp.sum(sum_partials)
-    n = sum_n
+    n = jnp.sum(sum_partials)
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 

@@ -614,8 +614,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, logsumexp_n_sm
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
-    logsumexp_over_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
-    logsumexp_n = logsumexp_over_n
+    logsumexp_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
     if logsumexp_n_ref is not None:

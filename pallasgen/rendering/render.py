@@ -11,6 +11,7 @@ import jinja2
 from pallasgen.backends import ModulePlan
 from pallasgen.frontend.text import escape_text
 from pallasgen.lowering.parts import LINE_LENGTH
+from pallasgen.rendering.copies import without_copies
 from pallasgen.rendering.shared import share_identical_functions
 
 BLACK_MODE = black.Mode(
@@ -64,6 +65,7 @@ def _pieces(plan: ModulePlan) -> tuple[str, list[str]]:
         for name, template in zip(kernel.backends, plan.templates):
             kernels.append((kernel.name, environment.get_template(template).render(k=kernel, p=kernel.backends[name])))
         kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
+    kernels = [(owner, without_copies(source)) for owner, source in kernels]
     return header, share_identical_functions(kernels)
 
 
