@@ -1024,13 +1024,6 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
     return q[:m, :n]
 
 
-def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
-    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
-    no float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: f32[M, N]", "scale: f32[M] as [M, 1]"),
     outputs=("q: i8[M, N]",),
@@ -1048,7 +1041,7 @@ def _quantize_rows_vjp(x, scale, dq, *, gpu_backend, interpret):
     triton=_quantize_rows_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_quantize_rows_mosaic_gpu,
-    vjp=_quantize_rows_vjp,
+    vjp=rt.no_cotangents,
 )
 def quantize_rows(x, scale):
     """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and

@@ -2045,13 +2045,6 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
     return z[:m, :n]
 
 
-def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
-    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i8[M, K]", "y: i8[K, N]"),
     outputs=("z: i32[M, N]",),
@@ -2065,7 +2058,7 @@ def _matmul_int8_vjp(x, y, dz, *, gpu_backend, interpret):
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=(16, 16, 32)),
     mosaic_gpu=_matmul_int8_mosaic_gpu,
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 128, 2)}, ("M", "N", "K")),
-    vjp=_matmul_int8_vjp,
+    vjp=rt.no_cotangents,
 )
 def matmul_int8(x, y):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".

@@ -461,13 +461,6 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -481,7 +474,7 @@ def _argmax_f32_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmax_f32_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_f32_mosaic_gpu,
-    vjp=_argmax_f32_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmax_f32(x):
     """The `argmax_f32` Pallas kernel.
@@ -601,13 +594,6 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
-    since no float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: f32[N]", "y: f32[N]"),
     outputs=("n: i32[] as [1]",),
@@ -621,7 +607,7 @@ def _equal_count_f32_vjp(x, y, dn, *, gpu_backend, interpret):
     triton=_equal_count_f32_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_f32_mosaic_gpu,
-    vjp=_equal_count_f32_vjp,
+    vjp=rt.no_cotangents,
 )
 def equal_count_f32(x, y):
     """The `equal_count_f32` Pallas kernel.
@@ -697,13 +683,6 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
-    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i32[M, N]", "y: i32[M, N]"),
     outputs=("z: i32[M, N]",),
@@ -717,7 +696,7 @@ def _add_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_add_i32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i32_mosaic_gpu,
-    vjp=_add_i32_vjp,
+    vjp=rt.no_cotangents,
 )
 def add_i32(x, y):
     """The `add_i32` Pallas kernel.
@@ -791,13 +770,6 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
-    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i32[M, N]", "y: i32[M, N]"),
     outputs=("z: i32[M, N]",),
@@ -811,7 +783,7 @@ def _mul_i32_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_mul_i32_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i32_mosaic_gpu,
-    vjp=_mul_i32_vjp,
+    vjp=rt.no_cotangents,
 )
 def mul_i32(x, y):
     """The `mul_i32` Pallas kernel.
@@ -909,13 +881,6 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: i32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -929,7 +894,7 @@ def _argmax_i32_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmax_i32_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i32_mosaic_gpu,
-    vjp=_argmax_i32_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmax_i32(x):
     """The `argmax_i32` Pallas kernel.
@@ -1013,13 +978,6 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs),
-    since no float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i32[N]", "y: i32[N]"),
     outputs=("n: i32[] as [1]",),
@@ -1033,7 +991,7 @@ def _equal_count_i32_vjp(x, y, dn, *, gpu_backend, interpret):
     triton=_equal_count_i32_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i32_mosaic_gpu,
-    vjp=_equal_count_i32_vjp,
+    vjp=rt.no_cotangents,
 )
 def equal_count_i32(x, y):
     """The `equal_count_i32` Pallas kernel.
@@ -1114,13 +1072,6 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
-    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i8[M, N]", "y: i8[M, N]"),
     outputs=("z: i8[M, N]",),
@@ -1134,7 +1085,7 @@ def _add_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_add_i8_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_add_i8_mosaic_gpu,
-    vjp=_add_i8_vjp,
+    vjp=rt.no_cotangents,
 )
 def add_i8(x, y):
     """The `add_i8` Pallas kernel.
@@ -1213,13 +1164,6 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
-    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i8[M, N]", "y: i8[M, N]"),
     outputs=("z: i8[M, N]",),
@@ -1233,7 +1177,7 @@ def _mul_i8_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_mul_i8_gpu,
     triton_options=rt.GpuOptions({None: (8, 128, 4, 1)}, ("M", "N")),
     mosaic_gpu=_mul_i8_mosaic_gpu,
-    vjp=_mul_i8_vjp,
+    vjp=rt.no_cotangents,
 )
 def mul_i8(x, y):
     """The `mul_i8` Pallas kernel.
@@ -1336,13 +1280,6 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: i8[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -1356,7 +1293,7 @@ def _argmax_i8_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmax_i8_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_i8_mosaic_gpu,
-    vjp=_argmax_i8_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmax_i8(x):
     """The `argmax_i8` Pallas kernel.
@@ -1463,13 +1400,6 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
-    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
-    no float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i8[N]", "y: i8[N]"),
     outputs=("n: i32[] as [1]",),
@@ -1483,7 +1413,7 @@ def _equal_count_i8_vjp(x, y, dn, *, gpu_backend, interpret):
     triton=_equal_count_i8_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_i8_mosaic_gpu,
-    vjp=_equal_count_i8_vjp,
+    vjp=rt.no_cotangents,
 )
 def equal_count_i8(x, y):
     """The `equal_count_i8` Pallas kernel.

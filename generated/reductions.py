@@ -133,13 +133,6 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -153,7 +146,7 @@ def _argmax_rows_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmax_rows_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
-    vjp=_argmax_rows_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmax_rows(x):
     """The first index of each row's maximum, as jnp.argmax.
@@ -251,13 +244,6 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since
-    no float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -271,7 +257,7 @@ def _argmax_blocked_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmax_blocked_gpu,
     triton_options=rt.GpuOptions({None: (1, 1024, 4, 1)}, ("M", "N")),
     mosaic_gpu=_argmax_rows_mosaic_gpu,
-    vjp=_argmax_blocked_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmax_blocked(x):
     """argmax_rows over rows too long for one block: N is reduced step by step, each step's
@@ -377,13 +363,6 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
-    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return (None,)
-
-
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
@@ -397,7 +376,7 @@ def _argmin_rows_vjp(x, di, *, gpu_backend, interpret):
     triton=_argmin_rows_gpu,
     triton_options=rt.GpuOptions({None: (1, None, 1)}, ("M", "N")),
     mosaic_gpu=_argmin_rows_mosaic_gpu,
-    vjp=_argmin_rows_vjp,
+    vjp=rt.no_cotangents,
 )
 def argmin_rows(x):
     """The first index of each row's minimum, as jnp.argmin.
@@ -1153,13 +1132,6 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
-    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for integer inputs), since no
-    float input reaches a float output.
-    """
-    return None, None
-
-
 @rt.kernel(
     inputs=("x: i32[N]", "y: i32[N]"),
     outputs=("n: i32[] as [1]",),
@@ -1173,7 +1145,7 @@ def _equal_count_vjp(x, y, dn, *, gpu_backend, interpret):
     triton=_equal_count_gpu,
     triton_options=rt.GpuOptions({None: (1024, 4, 1)}, ("N",)),
     mosaic_gpu=_equal_count_mosaic_gpu,
-    vjp=_equal_count_vjp,
+    vjp=rt.no_cotangents,
 )
 def equal_count(x, y):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.

@@ -390,6 +390,7 @@ def test_a_cast_or_a_sum_of_a_cotangent_still_takes_a_kernel(tmp_path):
 def test_a_kernel_with_integer_outputs_only_has_zero_cotangents_and_no_backward_kernel():
     module = generated_module("activations")
     assert not hasattr(module, "quantize_rows_backward")
+    assert not hasattr(module, "_quantize_rows_vjp")  # the runtime's rt.no_cotangents is its backward pass
     case, arrays, _ = inputs_and_cotangents("activations.quantize_rows")
     dx, dscale = kernel_vjp(case, arrays, ())
     assert dx.dtype == jnp.float32 and not np.asarray(dx).any() and not np.asarray(dscale).any()

@@ -37,6 +37,8 @@ class GradientPlan:
     calls: tuple[BackwardCall, ...]
     returns: str  # the inputs' cotangents (None: none, as integer inputs have)
     refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
+    # every cotangent zero (no float input reaches a float output): `rt.no_cotangents` is the backward pass
+    zeros: bool = False
 
 
 def vjp_function_name(kernel: str) -> str:
@@ -113,6 +115,7 @@ def plan_gradient(
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
+        zeros=refusal is None and not gradient.kernels and not gradient.passed,
     )
 
 

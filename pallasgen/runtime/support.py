@@ -606,7 +606,7 @@ class Kernel:
       leaves None before it launches.
     - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
       then the outputs' cotangents (None: the kernel is not differentiated by backward
-      kernels); `saves`: the names of the arrays it reads,
+      kernels; `no_cotangents`: every cotangent is zero); `saves`: the names of the arrays it reads,
       by default the inputs; `residuals`: those of them that are neither inputs nor
       outputs, declared as `outputs` are, which the launchers write after the outputs when
       their `residuals` keyword is true (`with_residuals`), as the forward pass under
@@ -652,6 +652,7 @@ class Kernel:
         if "triton" in launchers and "mosaic_gpu" in launchers:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
+        vjp = no_cotangents(len(inputs)) if vjp is no_cotangents else vjp
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
         self.tpu_blocks = tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes)) if tpu_blocks else None
         self.triton_options, self.mosaic_gpu_options = triton_options, mosaic_gpu_options
@@ -995,6 +996,13 @@ def _platform_dependent_primitive():
     jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
     jax.interpreters.batching.primitive_batchers[primitive] = vmapped
     return primitive
+
+
+def no_cotangents(count):
+    """The backward pass of a kernel of `count` inputs none of whose float inputs reaches a
+    float output: a zero cotangent (None; float0 for an integer input) for each. As
+    `vjp=no_cotangents`, `Kernel` makes it for the kernel's inputs."""
+    return lambda *saved_and_cotangents: (None,) * count
 
 
 def differentiable(forward, backward, *arrays, saving=None):
