@@ -5454,7 +5454,7 @@ def matmul_softmax_backward(y, dy):
     return dacc
 
 
-# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
     step = pl.program_id(2)
 
@@ -5506,7 +5506,7 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
@@ -5541,7 +5541,7 @@ def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )(dacc, w)
 
 
-# Also `rmsnorm_matmul_backward_lhs`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_lhs`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
@@ -5619,7 +5619,7 @@ def matmul_softmax_backward_x(dacc, w):
     return dx
 
 
-# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_w`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, block_m):
     step = pl.program_id(2)
 
@@ -5669,7 +5669,7 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_w`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, block_m):
     block_k, block_n = dw_ref.shape
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
@@ -5704,7 +5704,7 @@ def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )(x, dacc)
 
 
-# Also `rmsnorm_matmul_backward_w`'s: the same code, written once.
+# Also `rmsnorm_matmul_backward_w`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):

@@ -430,7 +430,7 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
     )(x, dz)
 
 
-# Also `matmul_relu_backward_y`'s: the same code, written once.
+# Also `matmul_relu_backward_y`'s: the same code but for its names, written once.
 def _matmul_backward_y_mosaic_gpu_kernel(
     x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
@@ -794,7 +794,7 @@ def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     )(acc, dz, y)
 
 
-# Also `matmul_relu_backward_y`'s: the same code, written once.
+# Also `matmul_relu_backward_y`'s: the same code but for its names, written once.
 def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -1434,7 +1434,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     )(acc, bias, dz, y)
 
 
-# Also `matmul_bias_gelu_backward_y`'s: the same code, written once.
+# Also `matmul_bias_gelu_backward_y`'s: the same code but for its names, written once.
 def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
@@ -2321,7 +2321,7 @@ def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block
     )(dz, y)
 
 
-# Also `batched_matmul_backward_y`'s: the same code, written once.
+# Also `batched_matmul_backward_y`'s: the same code but for its names, written once.
 def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
     program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 

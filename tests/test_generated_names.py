@@ -163,7 +163,7 @@ def test_functions_alike_but_for_their_own_names_are_shared_and_keywords_are_not
     pieces = [(name, kernel.format(name, array)) for name, array in (("a", "x"), ("b", "dz"))]
     other = ("c", "def _c_kernel(x_ref, z_ref, *, k):\n    x = x_ref[...]\n    z_ref[...] = x * k\n")
     a, c = share_identical_functions([*pieces, other])  # b's piece is left empty: its kernel is a's
-    assert a.startswith("# Also `b`'s: the same code, written once.\ndef _a_kernel(x_ref, z_ref, *, n):")
+    assert a.startswith("# Also `b`'s: the same code but for its names, written once.\ndef _a_kernel(x_ref, z_ref, *, n):")
     assert c == other[1]  # its keyword is another name, which its callers bind: kept apart
 
 

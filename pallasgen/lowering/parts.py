@@ -115,10 +115,10 @@ def kernel_signature(refs: list[str], scratch: list[str], keywords: list[str]) -
     """A kernel's parameters and the lines its body opens with. Its scratch refs come last:
     named in the signature, or, where naming each would take a line apiece (black writes
     parameters that do not fit one line one to a line: an attention kernel's 27),
-    gathered by `*scratch` and unpacked by the body's first line. Which does not depend on
-    the kernel's name, so that kernels alike but for their names stay alike."""
+    gathered by `*scratch` and unpacked by the body's first line. The choice does not
+    depend on the kernel's name, so that kernels alike but for their names stay alike."""
     named = parameter_list([*refs, *scratch], keywords)
-    if len(scratch) < 2 or 4 + len(named) + 1 <= LINE_LENGTH:  # one line, a trailing comma added
+    if len(scratch) < 2 or 4 + len(named) + 1 <= LINE_LENGTH:  # a line of their own: indented, maybe a comma added
         return named, ()
     return ", ".join([*refs, "*scratch", *keywords]), (f"{', '.join(scratch)} = scratch",)
 

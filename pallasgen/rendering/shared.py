@@ -26,8 +26,10 @@ def share_identical_functions(pieces: list[tuple[str, str]]) -> list[str]:
     owners = [owner for owner, _ in pieces]
     sources = [source for _, source in pieces]
     sharers: dict[str, list[str]] = {}  # a kept function -> the kernels whose copy it replaces
+    renaming: set[str] = set()  # the kept functions some of whose copies had other names in them
     while True:
         kept: dict[str, str] = {}  # a function's code -> the first function with it
+        kept_nodes: dict[str, ast.FunctionDef] = {}
         renamed: dict[str, str] = {}
         dropped: list[list[ast.FunctionDef]] = []
         for owner, source in zip(owners, sources):
@@ -35,8 +37,11 @@ def share_identical_functions(pieces: list[tuple[str, str]]) -> list[str]:
             for node in ast.parse(source).body:
                 if not _shareable(node):
                     continue
+                kept_nodes.setdefault(node.name, node)
                 first = kept.setdefault(_code(node), node.name)
                 if first != node.name:
+                    if node.name in renaming or _exact(node) != _exact(kept_nodes[first]):
+                        renaming.add(first)
                     renamed[node.name] = first
                     dropped[-1].append(node)
                     sharers.setdefault(first, [])
@@ -44,7 +49,7 @@ def share_identical_functions(pieces: list[tuple[str, str]]) -> list[str]:
         if not renamed:
             break
         sources = [_rename(_without(source, nodes), renamed) for source, nodes in zip(sources, dropped)]
-    sources = [_noted(source, sharers) for source in sources]
+    sources = [_noted(source, sharers, renaming) for source in sources]
     return [source for source in sources if source.strip()]
 
 
@@ -72,6 +77,11 @@ def _code(node: ast.FunctionDef) -> str:
         if isinstance(inner, ast.FunctionDef) and inner is not copy and inner.name in own:
             inner.name = numbers.setdefault(inner.name, f"_{len(numbers)}")
     return ast.dump(ast.Module([*copy.body], type_ignores=[])) + ast.dump(copy.args)
+
+
+def _exact(node: ast.FunctionDef) -> str:
+    """The function as Python, less its name: names and all."""
+    return ast.dump(ast.Module([*node.body], type_ignores=[])) + ast.dump(node.args)
 
 
 def _keyword_only(function: ast.FunctionDef, node: ast.AST) -> bool:
@@ -104,12 +114,14 @@ def _rename(source: str, renamed: dict[str, str]) -> str:
     return "".join(lines)
 
 
-def _noted(source: str, sharers: dict[str, list[str]]) -> str:
-    """A comment above each function that others' code calls in place of their own copy."""
+def _noted(source: str, sharers: dict[str, list[str]], renaming: set[str]) -> str:
+    """A comment above each function that others' code calls in place of their own copy
+    (which named its parameters or variables otherwise, for those in `renaming`)."""
     lines = source.splitlines(keepends=True)
     for node in sorted(ast.parse(source).body, key=lambda n: n.lineno, reverse=True):
         if isinstance(node, ast.FunctionDef) and node.name in sharers:
-            note = f"# Also {_listed(sharers[node.name])}: the same code, written once.\n"
+            but = " but for its names" if node.name in renaming else ""
+            note = f"# Also {_listed(sharers[node.name])}: the same code{but}, written once.\n"
             lines.insert(node.lineno - 1, note)
     return "".join(lines)
 
