@@ -379,6 +379,21 @@ def test_a_cotangent_that_is_an_inputs_as_it_is_is_passed_on_without_a_kernel():
     assert "passes z's cotangent on as x's and y's, with no backward kernel" in module.add_vectors.__doc__
 
 
+def test_a_bias_adds_gradient_passes_the_cotangent_on_and_sums_it_in_a_kernel(tmp_path):
+    source = (
+        "kernel badd {\n    in  x: f32[M, N]\n    in  b: f32[N]\n    out y: f32[M, N]\n    y = x + b\n"
+        "    block M = 8, N = 128\n}\n"
+    )
+    module = load(tmp_path, "badd", source)
+    assert not hasattr(module, "badd_backward") and hasattr(module, "badd_backward_over_m")
+    weights = jnp.arange(35.0).reshape(5, 7)
+    dx, db = jax.grad(lambda x, b: (module.badd(x, b, interpret=True) * weights).sum(), argnums=(0, 1))(
+        jnp.ones((5, 7)), jnp.ones(7)
+    )
+    np.testing.assert_array_equal(dx, weights)
+    np.testing.assert_allclose(db, np.asarray(weights).sum(0), rtol=1e-6)
+
+
 def test_a_cast_or_a_sum_of_a_cotangent_still_takes_a_kernel(tmp_path):
     source = "kernel up {\n    in  x: bf16[N]\n    out y: f32[N]\n    y = f32(x)\n    block N = 1024\n}\n"
     module = load(tmp_path, "up", source)
