@@ -37,14 +37,8 @@ from pallasgen.runtime.support import plgpu
 def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps):
     ax1, ay1, ax2, ay2, bx1 = ax1_ref[...], ay1_ref[...], ax2_ref[...], ay2_ref[...], bx1_ref[...]
     by1, bx2, by2 = by1_ref[...], bx2_ref[...], by2_ref[...]
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
-    giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
+    # The reference's code, on these blocks.
+    giou_ref[...] = giou.reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, eps=eps)
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
@@ -80,14 +74,8 @@ def _giou_gpu_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_r
     ax1, ay1, ax2 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside), rt.load(ax2_ref, inside)
     ay2, bx1, by1 = rt.load(ay2_ref, inside), rt.load(bx1_ref, inside), rt.load(by1_ref, inside)
     bx2, by2 = rt.load(bx2_ref, inside), rt.load(by2_ref, inside)
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
-    rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
+    # The reference's code, on these blocks.
+    rt.store(giou_ref, giou.reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, eps=eps), inside)
 
 
 def _giou_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, num_warps, num_stages, eps, interpret):
@@ -119,14 +107,8 @@ def _giou_mosaic_gpu_kernel(
         by1 = rt.mgpu_load(by1_smem, (block_b, block_n), (0, 1))
         bx2 = rt.mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
         by2 = rt.mgpu_load(by2_smem, (block_b, block_n), (0, 1))
-        area_a = (ax2 - ax1) * (ay2 - ay1)
-        area_b = (bx2 - bx1) * (by2 - by1)
-        inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-        inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-        inter = inter_w * inter_h
-        union = area_a + area_b - inter
-        hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1))
-        giou_smem[...] = inter / (union + eps) - (hull - union) / (hull + eps)
+        # The reference's code, on these blocks.
+        giou_smem[...] = giou.reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, eps=eps)
 
     plgpu.emit_pipeline(
         step,
@@ -231,91 +213,18 @@ def _giou_backward_kernel(
 ):
     ax1, ay1, ax2, ay2, bx1 = ax1_ref[...], ay1_ref[...], ax2_ref[...], ay2_ref[...], bx1_ref[...]
     by1, bx2, by2, dgiou = by1_ref[...], bx2_ref[...], by2_ref[...], dgiou_ref[...]
-    area_a_1 = ax2 - ax1
-    area_a_2 = ay2 - ay1
-    area_a = area_a_1 * area_a_2
-    area_b_1 = bx2 - bx1
-    area_b_2 = by2 - by1
-    area_b = area_b_1 * area_b_2
-    inter_w_1 = jnp.minimum(ax2, bx2)
-    inter_w_2 = jnp.maximum(ax1, bx1)
-    inter_w_3 = inter_w_1 - inter_w_2
-    inter_w = jnp.maximum(inter_w_3, 0.0)
-    inter_h_1 = jnp.minimum(ay2, by2)
-    inter_h_2 = jnp.maximum(ay1, by1)
-    inter_h_3 = inter_h_1 - inter_h_2
-    inter_h = jnp.maximum(inter_h_3, 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull_1 = jnp.maximum(ax2, bx2)
-    hull_2 = jnp.minimum(ax1, bx1)
-    hull_3 = hull_1 - hull_2
-    hull_4 = jnp.maximum(ay2, by2)
-    hull_5 = jnp.minimum(ay1, by1)
-    hull_6 = hull_4 - hull_5
-    hull = hull_3 * hull_6
-    giou_1 = union + eps
-    giou_2 = hull - union
-    giou_3 = hull + eps
-    dgiou_1 = -dgiou
-    dgiou_2 = dgiou_1 / giou_3
-    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_6
-    dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_3
-    dhull_4 = -dhull_3
-    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
-    dinter = dgiou / giou_1 + -dunion
-    dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
-    dinter_h_2 = -dinter_h_1
-    dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
-    dinter_w_2 = -dinter_w_1
-    darea_b_1 = dunion * area_b_2
-    darea_b_2 = dunion * area_b_1
-    darea_a_1 = dunion * area_a_2
-    darea_a_2 = dunion * area_a_1
-    dax1_ref[...] = (
-        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_a_1
+    # The reference's code, on these blocks.
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward.reference(
+        ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps
     )
-    day1_ref[...] = (
-        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_a_2
-    )
-    dax2_ref[...] = (
-        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_a_1
-    )
-    day2_ref[...] = (
-        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_a_2
-    )
-    dbx1_ref[...] = (
-        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_b_1
-    )
-    dby1_ref[...] = (
-        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_b_2
-    )
-    dbx2_ref[...] = (
-        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_b_1
-    )
-    dby2_ref[...] = (
-        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_b_2
-    )
+    dax1_ref[...] = dax1
+    day1_ref[...] = day1
+    dax2_ref[...] = dax2
+    day2_ref[...] = day2
+    dbx1_ref[...] = dbx1
+    dby1_ref[...] = dby1
+    dbx2_ref[...] = dbx2
+    dby2_ref[...] = dby2
 
 
 def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
@@ -400,107 +309,18 @@ def _giou_backward_gpu_kernel(
     ax1, ay1, ax2 = rt.load(ax1_ref, inside), rt.load(ay1_ref, inside), rt.load(ax2_ref, inside)
     ay2, bx1, by1 = rt.load(ay2_ref, inside), rt.load(bx1_ref, inside), rt.load(by1_ref, inside)
     bx2, by2, dgiou = rt.load(bx2_ref, inside), rt.load(by2_ref, inside), rt.load(dgiou_ref, inside)
-    area_a_1 = ax2 - ax1
-    area_a_2 = ay2 - ay1
-    area_a = area_a_1 * area_a_2
-    area_b_1 = bx2 - bx1
-    area_b_2 = by2 - by1
-    area_b = area_b_1 * area_b_2
-    inter_w_1 = jnp.minimum(ax2, bx2)
-    inter_w_2 = jnp.maximum(ax1, bx1)
-    inter_w_3 = inter_w_1 - inter_w_2
-    inter_w = jnp.maximum(inter_w_3, 0.0)
-    inter_h_1 = jnp.minimum(ay2, by2)
-    inter_h_2 = jnp.maximum(ay1, by1)
-    inter_h_3 = inter_h_1 - inter_h_2
-    inter_h = jnp.maximum(inter_h_3, 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull_1 = jnp.maximum(ax2, bx2)
-    hull_2 = jnp.minimum(ax1, bx1)
-    hull_3 = hull_1 - hull_2
-    hull_4 = jnp.maximum(ay2, by2)
-    hull_5 = jnp.minimum(ay1, by1)
-    hull_6 = hull_4 - hull_5
-    hull = hull_3 * hull_6
-    giou_1 = union + eps
-    giou_2 = hull - union
-    giou_3 = hull + eps
-    dgiou_1 = -dgiou
-    dgiou_2 = dgiou_1 / giou_3
-    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_6
-    dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_3
-    dhull_4 = -dhull_3
-    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
-    dinter = dgiou / giou_1 + -dunion
-    dinter_h = dinter * inter_w
-    dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
-    dinter_h_2 = -dinter_h_1
-    dinter_w = dinter * inter_h
-    dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
-    dinter_w_2 = -dinter_w_1
-    darea_b_1 = dunion * area_b_2
-    darea_b_2 = dunion * area_b_1
-    darea_a_1 = dunion * area_a_2
-    darea_a_2 = dunion * area_a_1
-    rt.store(
-        dax1_ref,
-        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_a_1,
-        inside,
+    # The reference's code, on these blocks.
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward.reference(
+        ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps
     )
-    rt.store(
-        day1_ref,
-        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_a_2,
-        inside,
-    )
-    rt.store(
-        dax2_ref,
-        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_a_1,
-        inside,
-    )
-    rt.store(
-        day2_ref,
-        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_a_2,
-        inside,
-    )
-    rt.store(
-        dbx1_ref,
-        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-        + -darea_b_1,
-        inside,
-    )
-    rt.store(
-        dby1_ref,
-        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-        + -darea_b_2,
-        inside,
-    )
-    rt.store(
-        dbx2_ref,
-        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-        + darea_b_1,
-        inside,
-    )
-    rt.store(
-        dby2_ref,
-        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-        + darea_b_2,
-        inside,
-    )
+    rt.store(dax1_ref, dax1, inside)
+    rt.store(day1_ref, day1, inside)
+    rt.store(dax2_ref, dax2, inside)
+    rt.store(day2_ref, day2, inside)
+    rt.store(dbx1_ref, dbx1, inside)
+    rt.store(dby1_ref, dby1, inside)
+    rt.store(dbx2_ref, dbx2, inside)
+    rt.store(dby2_ref, dby2, inside)
 
 
 def _giou_backward_gpu(
@@ -592,91 +412,18 @@ def _giou_backward_mosaic_gpu_kernel(
         bx2 = rt.mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
         by2 = rt.mgpu_load(by2_smem, (block_b, block_n), (0, 1))
         dgiou = rt.mgpu_load(dgiou_smem, (block_b, block_n), (0, 1))
-        area_a_1 = ax2 - ax1
-        area_a_2 = ay2 - ay1
-        area_a = area_a_1 * area_a_2
-        area_b_1 = bx2 - bx1
-        area_b_2 = by2 - by1
-        area_b = area_b_1 * area_b_2
-        inter_w_1 = jnp.minimum(ax2, bx2)
-        inter_w_2 = jnp.maximum(ax1, bx1)
-        inter_w_3 = inter_w_1 - inter_w_2
-        inter_w = jnp.maximum(inter_w_3, 0.0)
-        inter_h_1 = jnp.minimum(ay2, by2)
-        inter_h_2 = jnp.maximum(ay1, by1)
-        inter_h_3 = inter_h_1 - inter_h_2
-        inter_h = jnp.maximum(inter_h_3, 0.0)
-        inter = inter_w * inter_h
-        union = area_a + area_b - inter
-        hull_1 = jnp.maximum(ax2, bx2)
-        hull_2 = jnp.minimum(ax1, bx1)
-        hull_3 = hull_1 - hull_2
-        hull_4 = jnp.maximum(ay2, by2)
-        hull_5 = jnp.minimum(ay1, by1)
-        hull_6 = hull_4 - hull_5
-        hull = hull_3 * hull_6
-        giou_1 = union + eps
-        giou_2 = hull - union
-        giou_3 = hull + eps
-        dgiou_1 = -dgiou
-        dgiou_2 = dgiou_1 / giou_3
-        dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-        dhull_1 = dhull * hull_6
-        dhull_2 = -dhull_1
-        dhull_3 = dhull * hull_3
-        dhull_4 = -dhull_3
-        dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
-        dinter = dgiou / giou_1 + -dunion
-        dinter_h = dinter * inter_w
-        dinter_h_1 = jnp.where(inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0)
-        dinter_h_2 = -dinter_h_1
-        dinter_w = dinter * inter_h
-        dinter_w_1 = jnp.where(inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0)
-        dinter_w_2 = -dinter_w_1
-        darea_b_1 = dunion * area_b_2
-        darea_b_2 = dunion * area_b_1
-        darea_a_1 = dunion * area_a_2
-        darea_a_2 = dunion * area_a_1
-        dax1_smem[...] = (
-            jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-            + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-            + -darea_a_1
+        # The reference's code, on these blocks.
+        dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward.reference(
+            ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps
         )
-        day1_smem[...] = (
-            jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-            + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-            + -darea_a_2
-        )
-        dax2_smem[...] = (
-            jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-            + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-            + darea_a_1
-        )
-        day2_smem[...] = (
-            jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-            + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-            + darea_a_2
-        )
-        dbx1_smem[...] = (
-            jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
-            + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
-            + -darea_b_1
-        )
-        dby1_smem[...] = (
-            jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
-            + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
-            + -darea_b_2
-        )
-        dbx2_smem[...] = (
-            jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
-            + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
-            + darea_b_1
-        )
-        dby2_smem[...] = (
-            jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
-            + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
-            + darea_b_2
-        )
+        dax1_smem[...] = dax1
+        day1_smem[...] = day1
+        dax2_smem[...] = dax2
+        day2_smem[...] = day2
+        dbx1_smem[...] = dbx1
+        dby1_smem[...] = dby1
+        dbx2_smem[...] = dbx2
+        dby2_smem[...] = dby2
 
     plgpu.emit_pipeline(
         step,

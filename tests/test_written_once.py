@@ -85,3 +85,33 @@ def test_a_generated_kernel_with_many_scratch_refs_unpacks_them_first():
     )
     assert "*scratch" in source
     assert "\n    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch\n" in source  # Mosaic GPU
+
+
+CHAIN = """kernel chain {
+    in  x: f32[M, N]
+    in  y: f32[M, N]
+    out z: f32[M, N]
+    let a = x * y
+    let b = a + x
+    z = b * b
+}
+"""
+
+
+def test_a_kernel_whose_body_is_its_references_code_calls_the_reference_on_its_blocks():
+    source = generate(CHAIN, "chain.pallas", "chain.pallas")
+    assert "z_ref[...] = chain.reference(x, y)" in source  # TPU
+    assert "rt.store(z_ref, chain.reference(x, y), inside)" in source  # Triton
+    assert "z_smem[...] = chain.reference(x, y)" in source  # Mosaic GPU
+    assert "b = a + x" not in source.split("\ndef chain(")[0]  # its lets: in the reference alone
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        CHAIN.replace("    let a = x * y\n    let b = a + x\n    z = b * b", "    let a = x * y\n    z = a + x"),  # one let
+        CHAIN.replace("x", "chain"),  # an input named as the kernel: the call would read the array
+    ],
+)
+def test_a_body_with_a_let_per_output_or_a_name_the_call_would_shadow_stays_written_out(spec):
+    assert "chain.reference(" not in generate(spec, "chain.pallas", "chain.pallas")

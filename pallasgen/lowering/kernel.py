@@ -11,7 +11,15 @@ from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import product_dims
 from pallasgen.frontend import ir
 from pallasgen.lowering.gradient import GradientPlan
-from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
+from pallasgen.lowering.parts import (
+    array_comment,
+    body_statements,
+    layout_of,
+    load_statements,
+    parameter_list,
+    tuple_code,
+    used_names,
+)
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import ReferenceSpelling
 from pallasgen.lowering.signature import KeywordGroup, Signature, param_default, signature
@@ -333,3 +341,46 @@ def _einsum_letters(dims: list[str]) -> dict[str, str]:
 def _value_names(kernel: ir.Kernel) -> list[str]:
     names = [d.name for d in kernel.inputs + kernel.outputs]
     return names + [s.name for s in kernel.body if isinstance(s, ir.Let)]
+
+
+def elementwise_body(lowered: LoweredKernel, emitter: Emitter, load, store, shape_of=None) -> list[str]:
+    """An elementwise kernel's body as a backend spells it (`emitter`, `load(decl)`,
+    `store(decl, value)`, and `shape_of(decl)`, an output's block as body_statements
+    takes it): the loads of its inputs, then its statements; or, where those
+    are its reference's code to the letter and hold lets of their own beyond one per output
+    (giou's), a call of the reference on the blocks loaded, its values stored: the code
+    said once, in the reference."""
+    kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
+    loads = load_statements(kernel, values, checked, load)
+    statements = body_statements(kernel, kernel.body, emitter, values, lowered.refs, checked, store, shape_of)
+    call = _reference_call(lowered, emitter)
+    if call is None:
+        return [*loads, *statements]
+    outputs, said = kernel.outputs, "# The reference's code, on these blocks."
+    if len(outputs) == 1:
+        return [*loads, said, store(outputs[0], call)]
+    unpack = f"{', '.join(values[o.name] for o in outputs)} = {call}"
+    return [*loads, said, unpack, *(store(o, values[o.name]) for o in outputs)]
+
+
+def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
+    """`NAME.reference(...)` on the kernel's loaded blocks, where that computes what its
+    statements would (see elementwise_body); None elsewhere."""
+    kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
+    layout = tuple(checked.space.layout)
+    lets = [s for s in kernel.body if isinstance(s, ir.Let)]
+    unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()  # names bound to the call's values
+    if (
+        checked.product or checked.fused or checked.sweep or lowered.residuals
+        or len(lets) <= len(kernel.outputs)
+        or any(d.dims != layout for d in (*kernel.inputs, *kernel.outputs))
+        or {d.name for d in kernel.inputs} - used_names(kernel)
+        or kernel.name in {values[d.name] for d in (*kernel.inputs, *unpacked)}
+    ):
+        return None
+    reference, needs_sizes = _reference_statements(lowered)
+    mine = body_statements(kernel, kernel.body, emitter, values, lowered.refs, checked, None)
+    if needs_sizes or mine != reference:
+        return None
+    arguments = [values[d.name] for d in kernel.inputs] + [f"{p.name}={lowered.names[p.name]}" for p in kernel.params]
+    return f"{kernel.name}.reference({', '.join(arguments)})"

@@ -158,16 +158,6 @@ def if_residuals(code: str, array) -> str:
     return f"{code} if residuals else None" if array.residual else code
 
 
-def kernel_statements(kernel, emitter: Emitter, values, refs, checked, load, store) -> list[str]:
-    """A kernel body: loads of the inputs it uses, lets, and each output's store.
-
-    `load(decl)` and `store(decl, value)` spell a backend's memory accesses."""
-    return [
-        *load_statements(kernel, values, checked, load),
-        *body_statements(kernel, kernel.body, emitter, values, refs, checked, store),
-    ]
-
-
 def load_statements(kernel, values, checked, load, only=None) -> list[str]:
     """Loads of the inputs the body uses (of those in `only`, if given), operands aside."""
     used = used_names(kernel)

@@ -19,7 +19,7 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_of_two
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
 from pallasgen.lowering.parts import (
     unpacked_results,
     written_specs,
@@ -30,7 +30,6 @@ from pallasgen.lowering.parts import (
     dot_code,
     grid_names,
     body_statements,
-    kernel_statements,
     load_statements,
     parameter_list,
     used_names,
@@ -304,7 +303,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     if looped:
         loop, body = _reduction_loop(lowered, namer, looped, spelling, load, store, mask, visible, inside)
     else:
-        body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
+        body = elementwise_body(lowered, emitter, load, store)
     read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
     kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
     kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]

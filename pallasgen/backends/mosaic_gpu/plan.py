@@ -45,7 +45,7 @@ from pallasgen.backends.mosaic_gpu.support import (
     sized_dims,
 )
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
+from pallasgen.lowering.kernel import LoweredKernel, elementwise_body, lower_kernel
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
     body_statements,
@@ -311,13 +311,8 @@ class _ElementwisePlanner(_Planner):
             self.sizes, {d: (f"{program[d]} * {block_keyword(d)}", shape, plane.index(d)) for d in plane}
         )
         emitter = self.lowered.emitter(spelling=spelling, **EMITTER_OPTIONS)
-        body = [
-            *load_statements(kernel, self.values, self.checked, load),
-            # A vector assigned to an output is loaded broadcast already: the block's shape.
-            *body_statements(
-                kernel, kernel.body, emitter, self.values, self.refs, self.checked, store, lambda _: shape
-            ),
-        ]
+        # A vector assigned to an output is loaded broadcast already: the block's shape.
+        body = elementwise_body(self.lowered, emitter, load, store, lambda _: shape)
         refs = [self.refs[d.name] for d in arrays]
         kernel_body = [
             *program_lines({d: program[d] for d in layout}),

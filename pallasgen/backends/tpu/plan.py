@@ -28,7 +28,7 @@ from pallasgen.backends.tpu.tiling import (
     vmem_terms,
 )
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
     written_specs,
@@ -37,7 +37,6 @@ from pallasgen.lowering.parts import (
     grid_names,
     body_statements,
     kernel_signature,
-    kernel_statements,
     load_statements,
     parameter_list,
     partial_call,
@@ -267,9 +266,8 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         extents=block_of,
         starts={d: _block_start(d, blocked, squeezed) for d in blocked},
     ).holding(_last_step_positions(checked), namer)
-    body = kernel_statements(
-        kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs, lowered.residual_names)
-    )
+    emitter = lowered.emitter(tpu=True, spelling=spelling)
+    body = elementwise_body(lowered, emitter, ref_load(refs), ref_store(refs, lowered.residual_names))
     accumulator = None
     scratch_refs = []
     if stepped:
