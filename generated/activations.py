@@ -128,8 +128,8 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
 
 
 def _leaky_vjp(x, dy, dmask, *, slope, gpu_backend, interpret):
-    """`leaky`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and nothing else, from which
-    the backward kernels recompute the values they need (pos).
+    """`leaky`'s backward pass, for jax.grad: the forward pass saves its input x; the backward kernels recompute
+    pos.
     """
     dx = leaky_backward(x, dy, slope=slope, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
@@ -362,9 +362,7 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
 
 
 def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
-    """`bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, bias, scale) and nothing
-    else, from which the backward kernels recompute the values they need.
-    """
+    """`bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs x, bias, scale."""
     dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     dbias = bias_gelu_backward_over_m(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
     dscale = bias_gelu_backward_over_n(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)

@@ -336,8 +336,8 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
 
 
 def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
-    """`attention`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v) and its outputs o,
-    lse, from which the backward kernels recompute the values they need (s, p).
+    """`attention`'s backward pass, for jax.grad: the forward pass saves its inputs q, k, v and its outputs o, lse;
+    the backward kernels recompute s, p.
     """
     dq, delta = attention_backward_dq(
         q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
@@ -1518,7 +1518,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
 def _attention_dq_vjp(*saved_and_cotangents):
     """`attention_dq` has no backward pass: its spec says `grad none`."""
     raise TypeError(
-        "attention_dq is not differentiable: its spec turns gradients off (`grad none` at " "specs/attention.pallas:32)"
+        "attention_dq is not differentiable: its spec turns gradients off (`grad none` at specs/attention.pallas:32)"
     )
 
 
@@ -1918,8 +1918,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
 def _attention_dkdv_vjp(*saved_and_cotangents):
     """`attention_dkdv` has no backward pass: its spec says `grad none`."""
     raise TypeError(
-        "attention_dkdv is not differentiable: its spec turns gradients off (`grad none` at "
-        "specs/attention.pallas:49)"
+        "attention_dkdv is not differentiable: its spec turns gradients off (`grad none` at specs/attention.pallas:49)"
     )
 
 
@@ -2217,8 +2216,8 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
 
 
 def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
-    """`attention_full`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its outputs o
-    and the residuals lse, from which the backward kernels recompute the values they need.
+    """`attention_full`'s backward pass, for jax.grad: the forward pass saves its inputs q, k, v; its outputs o and
+    the residuals lse.
     """
     dq, delta = attention_full_backward_dq(
         q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
@@ -3149,8 +3148,8 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
 
 
 def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
-    """`attention_bottom_right`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its
-    outputs o and the residuals lse, from which the backward kernels recompute the values they need (s).
+    """`attention_bottom_right`'s backward pass, for jax.grad: the forward pass saves its inputs q, k, v; its
+    outputs o and the residuals lse; the backward kernels recompute s.
     """
     dq, delta = attention_bottom_right_backward_dq(
         q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
@@ -4266,8 +4265,8 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
 
 
 def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
-    """`gqa`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k, v), its outputs o and the
-    residuals lse, from which the backward kernels recompute the values they need (s).
+    """`gqa`'s backward pass, for jax.grad: the forward pass saves its inputs q, k, v; its outputs o and the
+    residuals lse; the backward kernels recompute s.
     """
     dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
     dk_r, dv_r = gqa_backward_dkdv(q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret)
@@ -5274,9 +5273,7 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
 
 
 def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
-    """`matmul_softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w) and its outputs y,
-    from which the backward kernels recompute the values they need.
-    """
+    """`matmul_softmax`'s backward pass, for jax.grad: the forward pass saves its inputs x, w and its outputs y."""
     dacc = matmul_softmax_backward(y, dy, gpu_backend=gpu_backend, interpret=interpret)
     dx = matmul_softmax_backward_x(dacc, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = matmul_softmax_backward_w(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
@@ -5983,8 +5980,8 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
 
 
 def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
-    """`rmsnorm_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, g, w) and nothing
-    else, from which the backward kernels recompute the values they need (h, lhs, mean_k).
+    """`rmsnorm_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs x, g, w; the backward
+    kernels recompute h, lhs, mean_k.
     """
     lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
     dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)

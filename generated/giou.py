@@ -136,9 +136,8 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
 
 
 def _giou_vjp(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps, gpu_backend, interpret):
-    """`giou`'s backward pass, for jax.grad: the forward pass saves its inputs (ax1, ay1, ax2, ay2, bx1, by1, bx2,
-    by2) and nothing else, from which the backward kernels recompute the values they need (area_a, area_b,
-    inter_w, inter_h, inter, union, hull).
+    """`giou`'s backward pass, for jax.grad: the forward pass saves its inputs ax1, ay1, ax2, ay2, bx1, by1, bx2,
+    by2; the backward kernels recompute area_a, area_b, inter_w, inter_h, inter, union, hull.
     """
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
         ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps, gpu_backend=gpu_backend, interpret=interpret

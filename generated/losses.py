@@ -258,9 +258,9 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, residuals, interpret):
 
 
 def _cross_entropy_vjp(logits, label, logsumexp_v, dloss, *, gpu_backend, interpret):
-    """`cross_entropy`'s backward pass, for jax.grad: the forward pass saves its inputs (logits, label) and the
-    residuals logsumexp_v, from which the backward kernels recompute the values they need (z). Integer and bool
-    inputs (label) get None: float0 cotangents.
+    """`cross_entropy`'s backward pass, for jax.grad: the forward pass saves its inputs logits, label and the
+    residuals logsumexp_v; the backward kernels recompute z. Integer and bool inputs (label) get None: float0
+    cotangents.
     """
     dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret)
     return dlogits, None

@@ -162,9 +162,7 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, inte
 
 
 def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
-    """`matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
-    which the backward kernels recompute the values they need.
-    """
+    """`matmul`'s backward pass, for jax.grad: the forward pass saves its inputs x, y."""
     dx = matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = matmul_backward_y(x, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -661,9 +659,7 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
 
 
 def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
-    """`matmul_relu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and the residuals acc,
-    from which the backward kernels recompute the values they need.
-    """
+    """`matmul_relu`'s backward pass, for jax.grad: the forward pass saves its inputs x, y and the residuals acc."""
     dx = matmul_relu_backward_x(acc, dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = matmul_relu_backward_y(acc, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -1279,8 +1275,8 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block
 
 
 def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
-    """`matmul_bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y, bias) and the
-    residuals acc, from which the backward kernels recompute the values they need.
+    """`matmul_bias_gelu`'s backward pass, for jax.grad: the forward pass saves its inputs x, y, bias and the
+    residuals acc.
     """
     dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy, dbias = matmul_bias_gelu_backward_y(acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret)
@@ -2195,9 +2191,7 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, s
 
 
 def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
-    """`batched_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else,
-    from which the backward kernels recompute the values they need.
-    """
+    """`batched_matmul`'s backward pass, for jax.grad: the forward pass saves its inputs x, y."""
     dx = batched_matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
     dy = batched_matmul_backward_y(dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
@@ -2780,9 +2774,7 @@ def _scores_mosaic_gpu(q, k, *, b, size_s, t, d, scale, block_s, block_t, block_
 
 
 def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
-    """`scores`'s backward pass, for jax.grad: the forward pass saves its inputs (q, k) and nothing else, from
-    which the backward kernels recompute the values they need.
-    """
+    """`scores`'s backward pass, for jax.grad: the forward pass saves its inputs q, k."""
     dacc = scores_backward_epilogue(ds, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
     dq = scores_backward_q(dacc, k, gpu_backend=gpu_backend, interpret=interpret)
     dk = scores_backward_k(dacc, q, gpu_backend=gpu_backend, interpret=interpret)
@@ -3371,9 +3363,7 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, stages
 
 
 def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
-    """`linear`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w, bias) and nothing else,
-    from which the backward kernels recompute the values they need.
-    """
+    """`linear`'s backward pass, for jax.grad: the forward pass saves its inputs x, w, bias."""
     dbias = linear_backward_over_m(dy, gpu_backend=gpu_backend, interpret=interpret)
     dx = linear_backward_x(dy, w, gpu_backend=gpu_backend, interpret=interpret)
     dw = linear_backward_w(dy, x, gpu_backend=gpu_backend, interpret=interpret)

@@ -257,8 +257,8 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
 
 
 def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend, interpret):
-    """`layer_norm`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w, b), its outputs mu,
-    rstd and the residuals mean_n, from which the backward kernels recompute the values they need (h, d).
+    """`layer_norm`'s backward pass, for jax.grad: the forward pass saves its inputs x, w, b; its outputs mu, rstd
+    and the residuals mean_n; the backward kernels recompute h, d.
     """
     dx = layer_norm_backward(
         x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, gpu_backend=gpu_backend, interpret=interpret
@@ -961,8 +961,8 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, residuals, interpret):
 
 
 def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
-    """`rms_norm`'s backward pass, for jax.grad: the forward pass saves its inputs (x, w) and the residuals mean_n,
-    from which the backward kernels recompute the values they need (h).
+    """`rms_norm`'s backward pass, for jax.grad: the forward pass saves its inputs x, w and the residuals mean_n;
+    the backward kernels recompute h.
     """
     dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
     dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)

@@ -222,9 +222,7 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
 
 
 def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
-    """`mul_f32`'s backward pass, for jax.grad: the forward pass saves its inputs (x, y) and nothing else, from
-    which the backward kernels recompute the values they need.
-    """
+    """`mul_f32`'s backward pass, for jax.grad: the forward pass saves its inputs x, y."""
     dx, dy = mul_f32_backward(x, y, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 

@@ -500,9 +500,7 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
 
 
 def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
-    """`column_sums`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and nothing else, from
-    which the backward kernels recompute the values they need.
-    """
+    """`column_sums`'s backward pass, for jax.grad: the forward pass saves its input x."""
     dx = column_sums_backward(x, ds, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
@@ -830,8 +828,8 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
 
 
 def _quantize_rows_int8_vjp(x, max_n, argmax_n, dq, dscale, *, gpu_backend, interpret):
-    """`quantize_rows_int8`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals
-    max_n, argmax_n, from which the backward kernels recompute the values they need.
+    """`quantize_rows_int8`'s backward pass, for jax.grad: the forward pass saves its input x and the residuals
+    max_n, argmax_n.
     """
     dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)

@@ -246,8 +246,8 @@ def _softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
 
 
 def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
-    """`softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals sum_n,
-    argmax_n, max_n, from which the backward kernels recompute the values they need (e).
+    """`softmax`'s backward pass, for jax.grad: the forward pass saves its input x and the residuals sum_n,
+    argmax_n, max_n; the backward kernels recompute e.
     """
     dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
@@ -660,8 +660,8 @@ def _log_softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
 
 
 def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
-    """`log_softmax`'s backward pass, for jax.grad: the forward pass saves its inputs (x) and the residuals
-    logsumexp_n, from which the backward kernels recompute the values they need.
+    """`log_softmax`'s backward pass, for jax.grad: the forward pass saves its input x and the residuals
+    logsumexp_n.
     """
     dx = log_softmax_backward(x, logsumexp_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)

@@ -135,7 +135,8 @@ def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[
         )
     else:
         return None
-    lines = textwrap.wrap(text, DOC_WIDTH - 12)
+    # a piece a line, indented by 8 and quoted: black then keeps each on its own line
+    lines = textwrap.wrap(text, LINE_LENGTH - 11)
     return error, tuple(line + " " for line in lines[:-1]) + (lines[-1],)
 
 
@@ -183,21 +184,18 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
             " inputs), since no float input reaches a float output."
         )
         return tuple(textwrap.wrap(text, DOC_WIDTH))
-    recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
     inputs = ", ".join(d.name for d in kernel.inputs)
     integers = [d.name for d in kernel.inputs if not DTYPES[d.dtype].is_float]
     read = {(a.name, a.source) for k in gradient.kernels for a in k.arguments}
     outputs = [o.name for o in kernel.outputs if (o.name, "output") in read]
     saved = [
-        f"its inputs ({inputs})",
+        f"its input{'s' * (len(kernel.inputs) > 1)} {inputs}",
         *([f"its outputs {', '.join(outputs)}"] if outputs else []),
         *([f"the residuals {', '.join(gradient.residuals)}"] if gradient.residuals else []),
     ]
-    saves = f"{', '.join(saved[:-1])} and {saved[-1]}" if len(saved) > 1 else f"{saved[0]} and nothing else"
-    text = (
-        f"`{kernel.name}`'s backward pass, for jax.grad: the forward pass saves {saves}, from"
-        f" which the backward kernels recompute the values they need{recomputed}."
-    )
+    saves = f"{'; '.join(saved[:-1])} and {saved[-1]}" if len(saved) > 1 else saved[0]
+    recomputed = f"; the backward kernels recompute {', '.join(gradient.recomputed)}" if gradient.recomputed else ""
+    text = f"`{kernel.name}`'s backward pass, for jax.grad: the forward pass saves {saves}{recomputed}."
     if integers:
         text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."
     text += f" It passes {_passed(gradient)} as it is: the derivative is 1." if gradient.passed else ""
