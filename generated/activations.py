@@ -259,9 +259,7 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     mosaic_gpu=_leaky_backward_mosaic_gpu,
 )
 def leaky_backward(x, dy, *, slope=0.01):
-    """The backward pass of `leaky`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `leaky`: the cotangents dx of its inputs, from dy, those of its outputs."""
     pos = x > 0
     dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
     return dx
@@ -532,9 +530,7 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     mosaic_gpu=_bias_gelu_backward_mosaic_gpu,
 )
 def bias_gelu_backward(x, bias, scale, dy):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `bias_gelu`: the cotangents dx of its inputs, from dy, those of its outputs."""
     bias = bias[None, :]
     scale = scale[:, None]
     y_1 = x.astype(jnp.float32)
@@ -721,8 +717,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     mosaic_gpu=_bias_gelu_backward_over_m_mosaic_gpu,
 )
 def bias_gelu_backward_over_m(x, bias, scale, dy):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+    """The backward pass of `bias_gelu`: the cotangents dbias of its inputs, from dy, those of its outputs, summed
+    over M (the inputs are broadcast over it).
     """
     m, n = x.shape
     bias = bias[None, :]
@@ -912,8 +908,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     mosaic_gpu=_bias_gelu_backward_over_n_mosaic_gpu,
 )
 def bias_gelu_backward_over_n(x, bias, scale, dy):
-    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
-    of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
+    """The backward pass of `bias_gelu`: the cotangents dscale of its inputs, from dy, those of its outputs, summed
+    over N (the inputs are broadcast over it).
     """
     m, n = x.shape
     bias = bias[None, :]

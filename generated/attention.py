@@ -773,9 +773,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     mosaic_gpu=_attention_backward_dq_mosaic_gpu,
 )
 def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
-    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
-    """
+    """The backward pass of `attention` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
@@ -1186,9 +1184,7 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     mosaic_gpu=_attention_backward_dkdv_mosaic_gpu,
 )
 def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
-    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
-    """
+    """The backward pass of `attention` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
@@ -2523,8 +2519,8 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     mosaic_gpu=_attention_full_backward_dq_mosaic_gpu,
 )
 def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
-    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+    """The backward pass of `attention_full` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass
+    over T.
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -2808,9 +2804,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     mosaic_gpu=_attention_full_backward_dkdv_mosaic_gpu,
 )
 def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
-    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
-    """
+    """The backward pass of `attention_full` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
@@ -3565,8 +3559,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     mosaic_gpu=_attention_bottom_right_backward_dq_mosaic_gpu,
 )
 def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
-    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
+    """The backward pass of `attention_bottom_right` (FlashAttention-2): dq, and delta = sum(do * o) per query: one
+    pass over T.
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
@@ -3993,9 +3987,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     mosaic_gpu=_attention_bottom_right_backward_dkdv_mosaic_gpu,
 )
 def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
-    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S.
-    """
+    """The backward pass of `attention_bottom_right` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
@@ -4564,9 +4556,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     mosaic_gpu=_gqa_backward_dq_mosaic_gpu,
 )
 def gqa_backward_dq(q, k, v, o, do, lse):
-    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dq, and delta = sum(do * o) per query: one pass over T.
-    """
+    """The backward pass of `gqa` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
@@ -4855,9 +4845,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     mosaic_gpu=_gqa_backward_dkdv_mosaic_gpu,
 )
 def gqa_backward_dkdv(q, k, v, do, lse, delta):
-    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dk, dv: one pass over S (per element of R, summed next).
-    """
+    """The backward pass of `gqa` (FlashAttention-2): dk, dv: one pass over S (per element of R, summed next)."""
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
     q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
@@ -5039,9 +5027,7 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     mosaic_gpu=_gqa_backward_over_r_mosaic_gpu,
 )
 def gqa_backward_over_r(dk_r, dv_r):
-    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
-    dk, dv summed over R.
-    """
+    """The backward pass of `gqa` (FlashAttention-2): dk, dv summed over R."""
     b, g, r, t, d = dk_r.shape
     dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
     dv = jnp.sum(dv_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
@@ -5444,9 +5430,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     mosaic_gpu=_matmul_softmax_backward_mosaic_gpu,
 )
 def matmul_softmax_backward(y, dy):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `matmul_softmax`: the cotangents dacc of its inputs, from dy, those of its outputs."""
     dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(jnp.bfloat16)
     return dacc
 
@@ -5608,9 +5592,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def matmul_softmax_backward_x(dacc, w):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
-    its input x, from dacc, the cotangent of its product.
-    """
+    """The backward pass of `matmul_softmax`: the cotangent dx of its input x, from dacc, that of its product."""
     acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
     return dx
@@ -5770,9 +5752,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def matmul_softmax_backward_w(x, dacc):
-    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
-    its input w, from dacc, the cotangent of its product.
-    """
+    """The backward pass of `matmul_softmax`: the cotangent dw of its input w, from dacc, that of its product."""
     acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
     return dw
@@ -6304,9 +6284,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def rmsnorm_matmul_backward_lhs(dy, w):
-    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
-    its input lhs, from dy, the cotangent of its product.
-    """
+    """The backward pass of `rmsnorm_matmul`: the cotangent dlhs of its input lhs, from dy, that of its product."""
     acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
     dlhs = acc.astype(jnp.bfloat16)
     return dlhs
@@ -6398,9 +6376,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def rmsnorm_matmul_backward_w(lhs, dy):
-    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
-    its input w, from dy, the cotangent of its product.
-    """
+    """The backward pass of `rmsnorm_matmul`: the cotangent dw of its input w, from dy, that of its product."""
     acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
     return dw
@@ -6588,9 +6564,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_mosaic_gpu,
 )
 def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
-    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
-    of its inputs from dlhs, those of its outputs.
-    """
+    """The backward pass of `rmsnorm_matmul_lhs`: the cotangents dx of its inputs, from dlhs, those of its outputs."""
     m, k = x.shape
     g = g[None, :]
     mean_k = mean_k[:, None]
@@ -6766,8 +6740,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     mosaic_gpu=_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu,
 )
 def rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs):
-    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
-    of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
+    """The backward pass of `rmsnorm_matmul_lhs`: the cotangents dg of its inputs, from dlhs, those of its outputs,
+    summed over M (the inputs are broadcast over it).
     """
     m, k = x.shape
     mean_k = mean_k[:, None]

@@ -521,8 +521,8 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
     mosaic_gpu=_giou_backward_mosaic_gpu,
 )
 def giou_backward(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
-    """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
-    of its inputs from dgiou, those of its outputs.
+    """The backward pass of `giou`: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 of its inputs,
+    from dgiou, those of its outputs.
     """
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1

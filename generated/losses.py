@@ -445,8 +445,8 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
     mosaic_gpu=_cross_entropy_backward_mosaic_gpu,
 )
 def cross_entropy_backward(logits, label, logsumexp_v, dloss):
-    """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
-    of its inputs from dloss, those of its outputs.
+    """The backward pass of `cross_entropy`: the cotangents dlogits of its inputs, from dloss, those of its
+    outputs.
     """
     m, v = logits.shape
     label = label[:, None]

@@ -338,9 +338,7 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "K", "N")),
 )
 def matmul_backward_x(dz, y):
-    """The backward pass of `matmul`, generated from its spec: the cotangent dx of
-    its input x, from dz, the cotangent of its product.
-    """
+    """The backward pass of `matmul`: the cotangent dx of its input x, from dz, that of its product."""
     dx = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
     return dx
 
@@ -490,9 +488,7 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("K", "N", "M")),
 )
 def matmul_backward_y(x, dz):
-    """The backward pass of `matmul`, generated from its spec: the cotangent dy of
-    its input y, from dz, the cotangent of its product.
-    """
+    """The backward pass of `matmul`: the cotangent dy of its input y, from dz, that of its product."""
     dy = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
     return dy
 
@@ -909,8 +905,8 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     mosaic_gpu=_matmul_relu_backward_x_mosaic_gpu,
 )
 def matmul_relu_backward_x(acc, dz, y):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+    """The backward pass of `matmul_relu`: the cotangent dx of its input x, from dacc, that of its product,
+    computed here from the epilogue's derivative.
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -1089,8 +1085,8 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     mosaic_gpu=_matmul_relu_backward_y_mosaic_gpu,
 )
 def matmul_relu_backward_y(acc, dz, x):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+    """The backward pass of `matmul_relu`: the cotangent dy of its input y, from dacc, that of its product,
+    computed here from the epilogue's derivative.
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -1564,8 +1560,8 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     mosaic_gpu=_matmul_bias_gelu_backward_x_mosaic_gpu,
 )
 def matmul_bias_gelu_backward_x(acc, bias, dz, y):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+    """The backward pass of `matmul_bias_gelu`: the cotangent dx of its input x, from dacc, that of its product,
+    computed here from the epilogue's derivative.
     """
     m, n = acc.shape
     k = y.shape[0]
@@ -1894,8 +1890,8 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     mosaic_gpu=_matmul_bias_gelu_backward_y_mosaic_gpu,
 )
 def matmul_bias_gelu_backward_y(acc, bias, dz, x):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
+    """The backward pass of `matmul_bias_gelu`: the cotangent dy of its input y, from dacc, that of its product,
+    computed here from the epilogue's derivative; and dbias, summed in the same pass.
     """
     k = x.shape[1]
     m, n = acc.shape
@@ -2435,8 +2431,8 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     mosaic_gpu=_batched_matmul_backward_x_mosaic_gpu,
 )
 def batched_matmul_backward_x(dz, y):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+    """The backward pass of `batched_matmul`: the cotangent dx of its input x, from dacc, that of its product,
+    computed here from the epilogue's derivative.
     """
     b, m, n = dz.shape
     k = y.shape[1]
@@ -2643,8 +2639,8 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     mosaic_gpu=_batched_matmul_backward_y_mosaic_gpu,
 )
 def batched_matmul_backward_y(dz, x):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
-    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
+    """The backward pass of `batched_matmul`: the cotangent dy of its input y, from dacc, that of its product,
+    computed here from the epilogue's derivative.
     """
     b, m, n = dz.shape
     k = x.shape[2]
@@ -2903,9 +2899,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     mosaic_gpu=_scores_backward_epilogue_mosaic_gpu,
 )
 def scores_backward_epilogue(ds, *, scale=0.125):
-    """The backward pass of `scores`, generated from its spec: the cotangents dacc
-    of its inputs from ds, those of its outputs.
-    """
+    """The backward pass of `scores`: the cotangents dacc of its inputs, from ds, those of its outputs."""
     dacc = (ds * scale).astype(jnp.bfloat16)
     return dacc
 
@@ -3057,9 +3051,7 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "S", "D", "T")),
 )
 def scores_backward_q(dacc, k):
-    """The backward pass of `scores`, generated from its spec: the cotangent dq of
-    its input q, from dacc, the cotangent of its product.
-    """
+    """The backward pass of `scores`: the cotangent dq of its input q, from dacc, that of its product."""
     acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
     dq = acc.astype(jnp.bfloat16)
     return dq
@@ -3216,9 +3208,7 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "T", "D", "S")),
 )
 def scores_backward_k(dacc, q):
-    """The backward pass of `scores`, generated from its spec: the cotangent dk of
-    its input k, from dacc, the cotangent of its product.
-    """
+    """The backward pass of `scores`: the cotangent dk of its input k, from dacc, that of its product."""
     acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
     dk = acc.astype(jnp.bfloat16)
     return dk
@@ -3529,8 +3519,8 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     mosaic_gpu=_linear_backward_over_m_mosaic_gpu,
 )
 def linear_backward_over_m(dy):
-    """The backward pass of `linear`, generated from its spec: the cotangents dbias
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+    """The backward pass of `linear`: the cotangents dbias of its inputs, from dy, those of its outputs, summed
+    over M (the inputs are broadcast over it).
     """
     m, n = dy.shape
     dy_1 = dy.astype(jnp.float32)
@@ -3679,9 +3669,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def linear_backward_x(dy, w):
-    """The backward pass of `linear`, generated from its spec: the cotangent dx of
-    its input x, from dy, the cotangent of its product.
-    """
+    """The backward pass of `linear`: the cotangent dx of its input x, from dy, that of its product."""
     acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
     dx = acc.astype(jnp.bfloat16)
     return dx
@@ -3830,9 +3818,7 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("N", "K", "M")),
 )
 def linear_backward_w(dy, x):
-    """The backward pass of `linear`, generated from its spec: the cotangent dw of
-    its input w, from dy, the cotangent of its product.
-    """
+    """The backward pass of `linear`: the cotangent dw of its input w, from dy, that of its product."""
     acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
     dw = acc.astype(jnp.bfloat16)
     return dw

@@ -575,8 +575,8 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
     mosaic_gpu=_layer_norm_backward_mosaic_gpu,
 )
 def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
-    """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
-    of its inputs from dy, dmu, drstd, those of its outputs.
+    """The backward pass of `layer_norm`: the cotangents dx of its inputs, from dy, dmu, drstd, those of its
+    outputs.
     """
     m, n = x.shape
     w = w[None, :]
@@ -791,8 +791,8 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     mosaic_gpu=_layer_norm_backward_over_m_mosaic_gpu,
 )
 def layer_norm_backward_over_m(x, mu, rstd, dy):
-    """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
-    of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
+    """The backward pass of `layer_norm`: the cotangents dw, db of its inputs, from dy, dmu, drstd, those of its
+    outputs, summed over M (the inputs are broadcast over it).
     """
     m, n = x.shape
     mu = mu[:, None]
@@ -1185,9 +1185,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     mosaic_gpu=_rms_norm_backward_mosaic_gpu,
 )
 def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
-    """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `rms_norm`: the cotangents dx of its inputs, from dy, those of its outputs."""
     m, n = x.shape
     w = w[None, :]
     mean_n = mean_n[:, None]
@@ -1361,8 +1359,8 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
     mosaic_gpu=_rms_norm_backward_over_m_mosaic_gpu,
 )
 def rms_norm_backward_over_m(x, mean_n, dy, *, eps=1e-06):
-    """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
-    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+    """The backward pass of `rms_norm`: the cotangents dw of its inputs, from dy, those of its outputs, summed over
+    M (the inputs are broadcast over it).
     """
     m, n = x.shape
     mean_n = mean_n[:, None]

@@ -359,9 +359,7 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     mosaic_gpu=_mul_f32_backward_mosaic_gpu,
 )
 def mul_f32_backward(x, y, dz):
-    """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
-    of its inputs from dz, those of its outputs.
-    """
+    """The backward pass of `mul_f32`: the cotangents dx, dy of its inputs, from dz, those of its outputs."""
     dx = dz * y
     dy = dz * x
     return dx, dy

@@ -631,9 +631,7 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     mosaic_gpu=_column_sums_backward_mosaic_gpu,
 )
 def column_sums_backward(x, ds):
-    """The backward pass of `column_sums`, generated from its spec: the cotangents dx
-    of its inputs from ds, those of its outputs.
-    """
+    """The backward pass of `column_sums`: the cotangents dx of its inputs, from ds, those of its outputs."""
     m, n = x.shape
     ds = ds[None, :]
     dx = jnp.broadcast_to(ds, (m, n))
@@ -1008,8 +1006,8 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     mosaic_gpu=_quantize_rows_int8_backward_mosaic_gpu,
 )
 def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
-    """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
-    of its inputs from dscale, those of its outputs.
+    """The backward pass of `quantize_rows_int8`: the cotangents dx of its inputs, from dscale, those of its
+    outputs.
     """
     m, n = x.shape
     max_n = max_n[:, None]

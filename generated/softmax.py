@@ -499,9 +499,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     mosaic_gpu=_softmax_backward_mosaic_gpu,
 )
 def softmax_backward(x, sum_n, argmax_n, max_n, dy):
-    """The backward pass of `softmax`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `softmax`: the cotangents dx of its inputs, from dy, those of its outputs."""
     m, n = x.shape
     sum_n = sum_n[:, None]
     argmax_n = argmax_n[:, None]
@@ -841,9 +839,7 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     mosaic_gpu=_log_softmax_backward_mosaic_gpu,
 )
 def log_softmax_backward(x, logsumexp_n, dy):
-    """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
-    of its inputs from dy, those of its outputs.
-    """
+    """The backward pass of `log_softmax`: the cotangents dx of its inputs, from dy, those of its outputs."""
     logsumexp_n = logsumexp_n[:, None]
     dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)
     return dx

@@ -10,7 +10,7 @@ import pytest
 from pallasgen.gradients.derive import every_kernel, launched
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.backends import plan_module
-from pallasgen.rendering.render import format_code, render_module, render_pieces
+from pallasgen.rendering.render import docstring, format_code, render_module, render_pieces
 
 pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
 
@@ -67,3 +67,12 @@ def test_every_name_a_module_imports_is_kept_off_spec_names():
         for alias in node.names
     }
     assert imported and imported <= MODULE_NAMES
+
+
+def test_a_docstrings_long_lines_are_wrapped_and_the_others_kept_as_they_are():
+    sentence = "The backward pass of `k`: " + "the cotangent of an input, " * 6 + "from dy."
+    short = ("Adds rows.", "  - an indented line, kept")
+    assert docstring(short) == '"""Adds rows.\n      - an indented line, kept\n    """'
+    lines = docstring((sentence,)).splitlines()
+    assert len(lines) == 3 and all(len(line) <= 120 for line in lines) and lines[-1] == '    """'
+    assert " ".join(line.strip().strip('"') for line in lines).strip() == sentence

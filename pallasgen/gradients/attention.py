@@ -359,7 +359,7 @@ class _Derivation:
         return ir.Kernel(
             name=f"{forward.name}_backward_{suffix}",
             position=forward.position,
-            doc=(f"The backward pass of `{forward.name}` (FlashAttention-2), generated from its spec:", f"{what}."),
+            doc=(f"The backward pass of `{forward.name}` (FlashAttention-2): {what}.",),
             inputs=tuple(d for d, _ in ins),
             outputs=tuple(outs),
             params=tuple(p for p in forward.params if p.name in read),

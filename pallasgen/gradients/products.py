@@ -190,8 +190,8 @@ def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
         out = dataclasses.replace(target, name=Namer([d.name for d in read]).claim_spec(f"d{target.name}"))
         dims = {*target.dims, contracted}
         doc = (
-            f"The backward pass of `{kernel.name}`, generated from its spec: the cotangent {out.name} of",
-            f"its input {target.name}, from {g_decl.name}, the cotangent of its product.",
+            f"The backward pass of `{kernel.name}`: the cotangent {out.name} of its input {target.name},"
+            f" from {g_decl.name}, that of its product.",
         )
         derived = ir.Kernel(
             name=f"{kernel.name}_backward_{target.name}",
@@ -270,9 +270,8 @@ def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], g_decl: ir.
         return None
     target = step.results[0]
     doc = (
-        f"The backward pass of `{product_kernel.name.rsplit('_backward_', 1)[0]}`, generated from its spec: the"
-        f" cotangent {outputs[0].name} of its input {target},",
-        f"from {g_decl.name}, the cotangent of its product"
+        f"The backward pass of `{product_kernel.name.rsplit('_backward_', 1)[0]}`: the cotangent {outputs[0].name}"
+        f" of its input {target}, from {g_decl.name}, that of its product"
         + (", computed here from the epilogue's derivative" if epilogue else "")
         + (f"; and {', '.join(o.name for o in outputs[1:])}, summed in the same pass." if sums else "."),
     )

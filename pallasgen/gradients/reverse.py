@@ -373,9 +373,8 @@ class Reverse:
         forward = self.checked.kernel
         cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
         doc = (
-            f"The backward pass of `{forward.name}`, generated from its spec: the cotangents"
-            f" {', '.join(o.name for o in outs)}",
-            f"of its inputs from {cotangents}, those of its outputs"
+            f"The backward pass of `{forward.name}`: the cotangents {', '.join(o.name for o in outs)} of its inputs,"
+            f" from {cotangents}, those of its outputs"
             + (f", summed over {summed} (the inputs are broadcast over it)." if summed else "."),
         )
         return self._kernel(name, outs, assigns, doc, decls)

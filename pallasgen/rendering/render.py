@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from functools import cache
 from importlib.resources import files
 
@@ -10,6 +11,7 @@ import jinja2
 
 from pallasgen.backends import ModulePlan
 from pallasgen.frontend.text import escape_text
+from pallasgen.lowering.gradient import DOC_WIDTH
 from pallasgen.lowering.parts import LINE_LENGTH
 from pallasgen.rendering.copies import without_copies
 from pallasgen.rendering.shared import share_identical_functions
@@ -73,6 +75,14 @@ def format_code(source: str) -> str:
     return black.format_str(source, mode=BLACK_MODE)
 
 
+def _wrapped(line: str) -> list[str]:
+    """A docstring's line as it is, or in lines of DOC_WIDTH, each as indented as it."""
+    if len(line) <= DOC_WIDTH:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    return textwrap.wrap(line, DOC_WIDTH, initial_indent=indent, subsequent_indent=indent)
+
+
 def python_literal(value) -> str:
     """`repr`, with strings in double quotes as black writes them (so black has less to do)."""
     if isinstance(value, tuple):
@@ -84,10 +94,12 @@ def python_literal(value) -> str:
 
 
 def docstring(lines: tuple[str, ...]) -> str:
-    """A triple-quoted docstring whose text cannot end the string or escape from it.
+    """A triple-quoted docstring whose text cannot end the string or escape from it, each
+    line longer than DOC_WIDTH wrapped (a derived kernel's doc is one sentence a line).
 
     Tabs are expanded where Python 3.13 expands them on compiling (the indentation
     counts), so the docstring reads the same on every Python.
     """
+    lines = tuple(piece for line in lines for piece in _wrapped(line))
     body = "\n".join(escape_text(line) for line in "\n    ".join(lines).expandtabs().split("\n")).rstrip()
     return f'"""{body}\n    """' if len(lines) > 1 else f'"""{body}"""'
