@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.gradients import attention as attention_gradients, fused as fused_gradients, products as product_gradients, reverse
-from pallasgen.gradients.backward import Argument, Derived, Residual, Step, is_float
+from pallasgen.gradients.backward import Argument, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
@@ -121,8 +121,9 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     if isinstance(derived, str):
         return Gradient(not_yet=derived), []
     forward = {d.name for d in kernel.inputs}
-    passed = tuple(pair for step in derived.steps for pair in _passed_on(step, forward))
-    derived = dataclasses.replace(derived, steps=tuple(s for s in derived.steps if not _passed_on(s, forward)))
+    copies = [(step, _passed_on(step, forward)) for step in derived.steps]
+    passed = tuple(pair for _, pairs in copies for pair in pairs)
+    derived = dataclasses.replace(derived, steps=tuple(step for step, pairs in copies if not pairs))
     derived_kernels = [step.kernel for step in derived.steps]
     if derived.residuals:
         derived_kernels.insert(0, _saving_kernel(checked, derived.residuals))

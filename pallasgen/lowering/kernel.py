@@ -352,10 +352,9 @@ def elementwise_body(lowered: LoweredKernel, emitter: Emitter, load, store, shap
     said once, in the reference."""
     kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
     loads = load_statements(kernel, values, checked, load)
-    statements = body_statements(kernel, kernel.body, emitter, values, lowered.refs, checked, store, shape_of)
     call = _reference_call(lowered, emitter)
     if call is None:
-        return [*loads, *statements]
+        return [*loads, *body_statements(kernel, kernel.body, emitter, values, lowered.refs, checked, store, shape_of)]
     outputs, said = kernel.outputs, "# The reference's code, on these blocks."
     if len(outputs) == 1:
         return [*loads, said, store(outputs[0], call)]

@@ -480,7 +480,8 @@ def kernel(
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
     launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
     `declared_arrays`), the rest as `Kernel` takes them. Its docstring is the reference's
-    with the arrays as Args and Returns (`with_arrays`), declared once, here."""
+    with the arrays as Args and Returns (`with_arrays`) and its blocks and params as
+    Keywords (`keyword_lines`), declared once, here."""
 
     def public(reference):
         made = Kernel(
@@ -546,7 +547,8 @@ def keyword_lines(reference, params, tpu_blocks=None, mosaic_gpu_options=None):
     spec_names = {jnp.dtype(dtype): name for name, dtype in SPEC_DTYPES.items()}
     for name, dtype in params.items():
         said.append(f"{name}: a static {spec_names[jnp.dtype(dtype)]} (default {defaults[name].default!r}).")
-    return [line for text in said for line in textwrap.wrap(text, 96, initial_indent="  ", subsequent_indent="    ")]
+    # as wide as the generator wraps docstrings (its line length less 12), as it wrapped these
+    return [line for text in said for line in textwrap.wrap(text, 108, initial_indent="  ", subsequent_indent="    ")]
 
 
 # The spec's dtypes, by the names it gives them (analysis.dtypes.DTYPES: a test checks the two agree).

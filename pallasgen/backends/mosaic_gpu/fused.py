@@ -32,7 +32,6 @@ from __future__ import annotations
 from pallasgen.analysis.carries import Carry
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
