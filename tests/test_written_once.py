@@ -111,6 +111,7 @@ def test_a_kernel_whose_body_is_its_references_code_calls_the_reference_on_its_b
     [
         CHAIN.replace("    let a = x * y\n    let b = a + x\n    z = b * b", "    let a = x * y\n    z = a + x"),  # one let
         CHAIN.replace("x", "chain"),  # an input named as the kernel: the call would read the array
+        CHAIN.replace("in  y", "param chain: f32 = 2.0\n    in  y").replace("x * y", "x * chain"),  # a param
     ],
 )
 def test_a_body_with_a_let_per_output_or_a_name_the_call_would_shadow_stays_written_out(spec):

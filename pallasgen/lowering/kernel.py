@@ -368,13 +368,15 @@ def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
     layout = tuple(checked.space.layout)
     lets = [s for s in kernel.body if isinstance(s, ir.Let)]
-    unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()  # names bound to the call's values
+    # the names a kernel function binds beside its refs, which would hide the public function
+    unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
+    bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
         checked.product or checked.fused or checked.sweep or lowered.residuals
         or len(lets) <= len(kernel.outputs)
         or any(d.dims != layout for d in (*kernel.inputs, *kernel.outputs))
         or {d.name for d in kernel.inputs} - used_names(kernel)
-        or kernel.name in {values[d.name] for d in (*kernel.inputs, *unpacked)}
+        or kernel.name in bound
     ):
         return None
     reference, needs_sizes = _reference_statements(lowered)
