@@ -70,6 +70,7 @@ def test_scratch_refs_are_gathered_where_naming_each_would_take_a_line_apiece():
     parameters, unpacked = kernel_signature(refs, scratch, keywords)
     assert parameters == ", ".join([*refs, "*scratch", *keywords])
     assert unpacked == ("q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch",)
+    assert kernel_signature(refs, scratch, [*keywords, "scratch"])[1] == ()  # a param named so keeps them named
     short = kernel_signature(["x_ref", "y_ref", "z_ref"], ["acc_ref", "out_smem"], ["k"])
     assert short == ("x_ref, y_ref, z_ref, acc_ref, out_smem, *, k", ())
     one = kernel_signature(refs * 3, ["acc_ref"], keywords)  # long, but one scratch ref stays named

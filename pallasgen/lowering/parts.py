@@ -118,7 +118,8 @@ def kernel_signature(refs: list[str], scratch: list[str], keywords: list[str]) -
     gathered by `*scratch` and unpacked by the body's first line. The choice does not
     depend on the kernel's name, so that kernels alike but for their names stay alike."""
     named = parameter_list([*refs, *scratch], keywords)
-    if len(scratch) < 2 or 4 + len(named) + 1 <= LINE_LENGTH:  # a line of their own: indented, maybe a comma added
+    fits = 4 + len(named) + 1 <= LINE_LENGTH  # a line of their own: indented, maybe a comma added
+    if len(scratch) < 2 or fits or "scratch" in {*refs, *scratch, *keywords}:  # a spec's param may be named so
         return named, ()
     return ", ".join([*refs, "*scratch", *keywords]), (f"{', '.join(scratch)} = scratch",)
 
