@@ -617,7 +617,8 @@ def _matmul_relu_mosaic_gpu_kernel(
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = product_ref[...]
-        acc_smem[...] = acc
+        if acc_ref is not None:
+            acc_smem[...] = acc
         out_smem[...] = jnp.maximum(acc, 0)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -644,7 +645,7 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
         ),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.float32),
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
+            rt.mgpu_smem((block_m, block_n), jnp.float32) if residuals else None,
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(padded_m // block_m, padded_n // block_n),
@@ -1232,7 +1233,8 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
         acc = product_ref[...]
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        acc_smem[...] = acc
+        if acc_ref is not None:
+            acc_smem[...] = acc
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -1259,7 +1261,7 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block
         ),
         scratch_types=[
             rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
+            rt.mgpu_smem((block_m, block_n), jnp.float32) if residuals else None,
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
         ],

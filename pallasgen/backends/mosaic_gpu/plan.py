@@ -54,6 +54,7 @@ from pallasgen.lowering.parts import (
     load_statements,
     kernel_signature,
     parameter_list,
+    saved_only,
     tuple_code,
 )
 from pallasgen.lowering.pyexpr import jnp_dtype
@@ -428,8 +429,11 @@ class _ProductPlanner(_Planner):
             positions = tuple_code([str((m, n).index(d)) for d in own[decl.name]])
             return f"rt.mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
 
+        residuals = {self.refs[o.spec_name] for o in self.lowered.residuals}
+
         def store(decl: ir.ArrayDecl, value: str) -> str:
-            return f"{tiles[decl.name]}[...] = {value}"
+            line, ref = f"{tiles[decl.name]}[...] = {value}", self.refs[decl.name]
+            return saved_only(ref, line) if ref in residuals else line
 
         emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         epilogue_body = [
@@ -468,11 +472,15 @@ class _ProductPlanner(_Planner):
                     )
                     for o in kernel.outputs
                 ],
-                {self.refs[o.spec_name] for o in self.lowered.residuals},
+                residuals,
             ),
         ]
+        # A residual's tile only where the launcher asks for residuals: it is None otherwise.
         scratch = [
-            *(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})" for o in kernel.outputs),
+            *(
+                if_residuals(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})", plan)
+                for o, plan in zip(kernel.outputs, self.lowered.outputs)
+            ),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
                 f"{'rt.mgpu_smem' if len(own[d.name]) == 2 else 'plgpu.SMEM'}"
