@@ -13,8 +13,9 @@ Beside its arrays and params, every kernel takes these keywords: block_* (its TP
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
 `@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_backend ("triton", or "mosaic_gpu" from sm_90 on; None, the default: Mosaic GPU from sm_90
+on where `@rt.kernel` says `on_hopper="mosaic_gpu"`, else Triton), interpret (None: interpreted
+where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -367,6 +368,7 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
     triton=_attention_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_attention_vjp,
     saves=("q", "k", "v", "o", "lse"),
 )
@@ -771,6 +773,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     triton=_attention_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dq_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
@@ -1182,6 +1185,7 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     triton=_attention_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_backward_dkdv_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2): dk, dv: one pass over S."""
@@ -1546,6 +1550,7 @@ def _attention_dq_vjp(*saved_and_cotangents):
     triton=_attention_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dq_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_attention_dq_vjp,
 )
 def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
@@ -1943,6 +1948,7 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
     triton=_attention_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_dkdv_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_attention_dkdv_vjp,
 )
 def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
@@ -2242,6 +2248,7 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
     triton=_attention_full_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_attention_full_vjp,
     saves=("q", "k", "v", "o", "lse"),
     residuals=("lse: f32[B, H, S] as [B, H, S, 1]",),
@@ -2517,6 +2524,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     triton=_attention_full_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dq_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass
@@ -2802,6 +2810,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     triton=_attention_full_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_full_backward_dkdv_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2): dk, dv: one pass over S."""
@@ -3175,6 +3184,7 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
     triton=_attention_bottom_right_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_attention_bottom_right_vjp,
     saves=("q", "k", "v", "o", "lse"),
     residuals=("lse: f32[B, H, S] as [B, H, S, 1]",),
@@ -3557,6 +3567,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     triton=_attention_bottom_right_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dq_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2): dq, and delta = sum(do * o) per query: one
@@ -3985,6 +3996,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     triton=_attention_bottom_right_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
     mosaic_gpu=_attention_bottom_right_backward_dkdv_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_bottom_right` (FlashAttention-2): dk, dv: one pass over S."""
@@ -4283,6 +4295,7 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
     triton=_gqa_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_gqa_vjp,
     saves=("q", "k", "v", "o", "lse"),
     residuals=("lse: f32[B, G, R, S] as [B, G, R, S, 1]",),
@@ -4554,6 +4567,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     triton=_gqa_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dq_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def gqa_backward_dq(q, k, v, o, do, lse):
     """The backward pass of `gqa` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
@@ -4843,6 +4857,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     triton=_gqa_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "G", "R", "D"), least=16),
     mosaic_gpu=_gqa_backward_dkdv_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def gqa_backward_dkdv(q, k, v, do, lse, delta):
     """The backward pass of `gqa` (FlashAttention-2): dk, dv: one pass over S (per element of R, summed next)."""
@@ -5104,6 +5119,14 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    # The dot's operands (all of N) in shared memory, its product in registers: halved to fit.
+    block_m, block_k = rt.fit_dot_blocks(
+        "matmul_softmax",
+        (block_m, block_k),
+        (16, 16),
+        lambda block_m, block_k: num_stages * 2 * (block_m * block_k + block_k * block_n),
+        lambda block_m, block_k: block_m * block_n,
+    )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
@@ -5283,6 +5306,7 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
     triton=_matmul_softmax_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_matmul_softmax_vjp,
     saves=("x", "w", "y"),
 )
@@ -5589,6 +5613,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
     triton=_matmul_softmax_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_softmax_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def matmul_softmax_backward_x(dacc, w):
@@ -5749,6 +5774,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
     triton=_matmul_softmax_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_softmax_backward_w_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def matmul_softmax_backward_w(x, dacc):
@@ -5816,6 +5842,14 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_k):
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     block_k = max(16, pl.next_power_of_2(k))  # all of K in one masked block, at least a dot's depth
+    # The dot's operands (all of K) in shared memory, its product in registers: halved to fit.
+    block_m, block_n = rt.fit_dot_blocks(
+        "rmsnorm_matmul",
+        (block_m, block_n),
+        (16, 16),
+        lambda block_m, block_n: 2 * (block_m * block_k + block_k * block_n),
+        lambda block_m, block_n: block_m * block_n,
+    )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
         # One program per block of M, block of N; programs run concurrently. Each holds all of K (one block of the
@@ -5992,6 +6026,7 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
     triton=_rmsnorm_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_rmsnorm_matmul_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     vjp=_rmsnorm_matmul_vjp,
 )
 def rmsnorm_matmul(x, g, w):
@@ -6281,6 +6316,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
     triton=_rmsnorm_matmul_backward_lhs_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_lhs_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def rmsnorm_matmul_backward_lhs(dy, w):
@@ -6373,6 +6409,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
     triton=_rmsnorm_matmul_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_rmsnorm_matmul_backward_w_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M")),
 )
 def rmsnorm_matmul_backward_w(lhs, dy):

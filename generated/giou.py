@@ -13,8 +13,9 @@ Beside its arrays and params, every kernel takes these keywords: block_* (its TP
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
 `@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_backend ("triton", or "mosaic_gpu" from sm_90 on; None, the default: Mosaic GPU from sm_90
+on where `@rt.kernel` says `on_hopper="mosaic_gpu"`, else Triton), interpret (None: interpreted
+where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs

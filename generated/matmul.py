@@ -13,8 +13,9 @@ Beside its arrays and params, every kernel takes these keywords: block_* (its TP
 as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
 gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
 `@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
-gpu_backend ("triton", the default, or "mosaic_gpu": sm_90 on, opt-in), interpret (None:
-interpreted where no kernel compiles, as on CPU).
+gpu_backend ("triton", or "mosaic_gpu" from sm_90 on; None, the default: Mosaic GPU from sm_90
+on where `@rt.kernel` says `on_hopper="mosaic_gpu"`, else Triton), interpret (None: interpreted
+where no kernel compiles, as on CPU).
 
 A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
 `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
@@ -184,6 +185,7 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K")),
     vjp=_matmul_vjp,
 )
@@ -335,6 +337,7 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
     triton=_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "K", "N")),
 )
 def matmul_backward_x(dz, y):
@@ -485,6 +488,7 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
     triton=_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_backward_y_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("K", "N", "M")),
 )
 def matmul_backward_y(x, dz):
@@ -678,6 +682,7 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
     triton=_matmul_relu_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_relu_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K")),
     vjp=_matmul_relu_vjp,
     saves=("x", "y", "acc"),
@@ -904,6 +909,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     triton=_matmul_relu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_relu_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def matmul_relu_backward_x(acc, dz, y):
     """The backward pass of `matmul_relu`: the cotangent dx of its input x, from dacc, that of its product,
@@ -1084,6 +1090,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     triton=_matmul_relu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_relu_backward_y_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def matmul_relu_backward_y(acc, dz, x):
     """The backward pass of `matmul_relu`: the cotangent dy of its input y, from dacc, that of its product,
@@ -1301,6 +1308,7 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
     triton=_matmul_bias_gelu_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_matmul_bias_gelu_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K")),
     vjp=_matmul_bias_gelu_vjp,
     saves=("x", "y", "bias", "acc"),
@@ -1560,6 +1568,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     triton=_matmul_bias_gelu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     """The backward pass of `matmul_bias_gelu`: the cotangent dx of its input x, from dacc, that of its product,
@@ -1890,6 +1899,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     triton=_matmul_bias_gelu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
     mosaic_gpu=_matmul_bias_gelu_backward_y_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     """The backward pass of `matmul_bias_gelu`: the cotangent dy of its input y, from dacc, that of its product,
@@ -2051,6 +2061,7 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
     triton=_matmul_int8_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=(16, 16, 32)),
     mosaic_gpu=_matmul_int8_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 128, 2)}, ("M", "N", "K")),
     vjp=rt.no_cotangents,
 )
@@ -2431,6 +2442,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     triton=_batched_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def batched_matmul_backward_x(dz, y):
     """The backward pass of `batched_matmul`: the cotangent dx of its input x, from dacc, that of its product,
@@ -2639,6 +2651,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     triton=_batched_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M", "B"), least=16),
     mosaic_gpu=_batched_matmul_backward_y_mosaic_gpu,
+    on_hopper="mosaic_gpu",
 )
 def batched_matmul_backward_y(dz, x):
     """The backward pass of `batched_matmul`: the cotangent dy of its input y, from dacc, that of its product,
@@ -3378,6 +3391,7 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
     triton=_linear_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K"), least=16),
     mosaic_gpu=_linear_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K")),
     vjp=_linear_vjp,
 )
@@ -3668,6 +3682,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
     triton=_linear_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("M", "K", "N"), least=16),
     mosaic_gpu=_linear_backward_x_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N")),
 )
 def linear_backward_x(dy, w):
@@ -3817,6 +3832,7 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
     triton=_linear_backward_w_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("N", "K", "M"), least=16),
     mosaic_gpu=_linear_backward_w_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("N", "K", "M")),
 )
 def linear_backward_w(dy, x):

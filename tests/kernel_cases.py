@@ -104,8 +104,8 @@ def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
     so that the GPU path runs in interpret mode on CPU. (The real dispatch follows the
     lowering platform: see test_dispatch.py.)"""
 
-    def on_gpu(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
-        return module.rt.gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)(*arrays, interpret=interpret)
+    def on_gpu(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, on_hopper, interpret):
+        return module.rt.gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu, on_hopper)(*arrays, interpret=interpret)
 
     monkeypatch.setattr(module.rt, "on_platform", on_gpu)
 

@@ -295,6 +295,39 @@ def test_a_long_row_held_whole_gets_the_warps_that_keep_it_in_registers(kernel, 
         assert four.num_warps == 4 and compile_only.compile_triton(four).spill_stores > 8192
 
 
+HOPPER_SHARED_MEMORY = 227 * 1024  # a block's most on an H100 or H200
+
+
+@pytest.mark.parametrize(
+    "kernel, shapes",
+    [
+        ("rmsnorm_matmul", [(1000, 1000), (1000,), (1000, 3000)]),  # all of K (1024) held
+        ("rmsnorm_matmul", [(2048, 1024), (1024,), (1024, 2048)]),
+        ("matmul_softmax", [(2048, 1024), (1024, 2048)]),  # all of N (2048) held
+    ],
+)
+def test_a_dot_with_an_operand_held_whole_fits_a_hoppers_shared_memory(kernel, shapes):
+    """Its launcher halves the other blocks (rt.fit_dot_blocks): with the default blocks
+    an H200 refused matmul_softmax's 264 KiB and rmsnorm_matmul's 384 KiB at these sizes."""
+    function = getattr(generated_module("attention"), kernel)
+    arguments = [
+        jax.ShapeDtypeStruct(shape, jax.numpy.float32 if len(shape) == 1 else jax.numpy.bfloat16) for shape in shapes
+    ]
+    (ttir,) = compile_only.triton_ir(functools.partial(function, interpret=False), arguments)
+    assert compile_only.compile_triton(ttir).shared <= HOPPER_SHARED_MEMORY
+
+
+def test_a_dot_whose_product_row_passes_a_programs_registers_is_refused_naming_mosaic_gpu():
+    """All of N=3000 (4096 values a row) in a program of 16 rows: 65536 values."""
+    function = functools.partial(generated_module("attention").matmul_softmax, interpret=False, gpu_backend="triton")
+    arguments = [
+        jax.ShapeDtypeStruct((1000, 1000), jax.numpy.bfloat16),
+        jax.ShapeDtypeStruct((1000, 3000), jax.numpy.bfloat16),
+    ]
+    with pytest.raises(compile_only.CompileError, match=r"holds 65536 values .* use gpu_backend=\"mosaic_gpu\""):
+        compile_only.triton_ir(function, arguments)
+
+
 @pytest.mark.parametrize("kernel, dtype", [("matmul", np.float32), ("matmul_int8", np.int8)])
 def test_a_32_or_8_bit_product_reads_its_right_operand_k_major(kernel, dtype):
     """wgmma transposes 16-bit tiles only: y: [K, N] of f32 or i8 is swapped to [N, K] by the

@@ -2,7 +2,7 @@
 with `gpu_backend="mosaic_gpu"` to a Mosaic GPU custom call and no Triton one, at
 aligned, ragged, small and 1x1 sizes (`jax.export(..., platforms=["cuda"])` lowers
 on a CPU-only machine; nothing runs). Kernels it does not take say why, and run on
-Triton. Mosaic GPU is opt-in: the default stays Triton until a Hopper run passes."""
+Triton. From sm_90 on it is the default for kernels with a matrix product."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from jax._src.mesh import AbstractDevice
 from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
+from pallasgen.runtime import support
 from pallasgen.workspace.pipeline import generate
 
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
@@ -315,16 +316,39 @@ def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton(tmp_path):
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
-def test_the_default_gpu_backend_is_triton():
-    text = _exported_text("matmul", "matmul_bias_gelu", "small")
+@pytest.mark.parametrize("capability", [None, (8, 0), (9, 0), (10, 0)])
+def test_a_product_runs_on_mosaic_gpu_from_sm_90_on_unless_the_call_names_triton(capability, monkeypatch):
+    """The default (gpu_backend None) for a kernel with a matrix product: Mosaic GPU from
+    Hopper on (faster there on an H200), Triton before it and where no GPU says (an export)."""
+    monkeypatch.setattr(support, "gpu_capability", lambda: capability)
+    on_mosaic_gpu = capability is not None and capability >= (9, 0)
+    for module, kernel in [("matmul", "matmul_bias_gelu"), ("attention", "attention")]:
+        getattr(generated_module(module), kernel).clear_cache()  # a trace read the last GPU's
+        text = _exported_text(module, kernel, "small")
+        assert bool(MOSAIC_CALL.search(text)) == on_mosaic_gpu != bool(TRITON.search(text))
+        text = _exported_text(module, kernel, "small", gpu_backend="triton")
+        assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+
+
+@pytest.mark.parametrize("module, kernel", [("softmax", "softmax"), ("matmul", "batched_matmul")])
+def test_a_row_wise_kernel_or_batched_product_runs_on_triton_unless_the_call_names_mosaic_gpu(
+    module, kernel, monkeypatch
+):
+    """Triton ran softmax, the norms, cross-entropy and batched_matmul faster than Mosaic
+    GPU on an H200."""
+    monkeypatch.setattr(support, "gpu_capability", lambda: (9, 0))
+    getattr(generated_module(module), kernel).clear_cache()  # a trace read the last GPU's
+    text = _exported_text(module, kernel, "small")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+    text = _exported_text(module, kernel, "small", gpu_backend="mosaic_gpu")
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
 
 
-@pytest.mark.parametrize("value", ["mosaic", "Triton", None, 1])
+@pytest.mark.parametrize("value", ["mosaic", "Triton", "", 1])
 def test_an_unknown_gpu_backend_is_a_clear_error(value):
     module = generated_module("add_vectors")
     x = jnp.ones(4, jnp.float32)
-    with pytest.raises(ValueError, match=r'add_vectors: gpu_backend must be "triton" or "mosaic_gpu", got'):
+    with pytest.raises(ValueError, match=r'add_vectors: gpu_backend must be "triton" or "mosaic_gpu" or None, got'):
         module.add_vectors(x, x, gpu_backend=value)
 
 

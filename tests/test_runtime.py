@@ -97,13 +97,26 @@ FEATURES = {
         "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
         "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
         "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
-        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax", "mgpu_grid_indices", "mgpu_check_whole"},
+        {
+            "mgpu_dot",
+            "mgpu_fill_past",
+            "mgpu_vector_positions",
+            "mgpu_softmax",
+            "mgpu_grid_indices",
+            "mgpu_check_whole",
+        },
         {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
     "mosaic-gpu-product": (
         "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
         {"mgpu_check_choices", "mgpu_smem", "mgpu_copy_out"},
         {"M": 20, "N": 30, "K": 40},
+    ),
+    # One dot whose right operand a Triton program holds whole along N (the softmax's).
+    "dot-held-whole": (
+        "in x: f32[M, K]\nin w: f32[K, N]\nout y: f32[M, N]\ny = softmax(x @ w, N)\nblock M = 8, K = 128",
+        {"fit_dot_blocks"},
+        {"M": 20, "N": 30, "K": 300},
     ),
 }
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
@@ -112,6 +125,7 @@ INPUTS = {
     "row-input-beside-a-reduction": (("M", "N"), ("M",)),
     "fused-attention": (("S", "D"), ("T", "D"), ("T", "E")),
     "mosaic-gpu-product": (("M", "K"), ("K", "N")),
+    "dot-held-whole": (("M", "K"), ("K", "N")),
 }
 BF16_INPUTS = {"fused-attention"}  # features whose inputs are bf16 (the others': f32)
 
@@ -283,7 +297,9 @@ def test_a_kernels_docstring_gets_its_arrays_as_declared_once_in_its_decorator()
         Gradients: none.
         """
 
-    doc = support.with_arrays(scaled, ("x: bf16[M, N]", "bias: f32[N] as [1, N]"), ("y: f32[M, N]", "s: f32[M] as [M, 1]"))
+    doc = support.with_arrays(
+        scaled, ("x: bf16[M, N]", "bias: f32[N] as [1, N]"), ("y: f32[M, N]", "s: f32[M] as [M, 1]")
+    )
     assert doc.splitlines() == [
         "Scales rows.",
         "",
@@ -459,8 +475,22 @@ def test_triton_options_clamp_each_block_between_its_least_and_its_dimensions_ne
 def test_gpu_kernel_names_the_backends_it_takes():
     assert support.gpu_kernel("k", "triton", "triton kernel", None) == "triton kernel"
     assert support.gpu_kernel("k", "mosaic_gpu", "triton kernel", None) == "triton kernel"  # none of its own
-    with pytest.raises(ValueError, match='k: gpu_backend must be "triton" or "mosaic_gpu", got \'cuda\''):
+    with pytest.raises(ValueError, match='k: gpu_backend must be "triton" or "mosaic_gpu" or None, got \'cuda\''):
         support.gpu_kernel("k", "cuda", None, None)
+
+
+def test_a_call_that_names_no_gpu_backend_runs_the_kernels_choice_from_sm_90_on(monkeypatch):
+    def triton():
+        return "triton"
+
+    def mosaic_gpu():
+        return "mosaic_gpu"
+
+    monkeypatch.setattr(support, "plgpu", object())  # importable, as on jax 0.10.2 with absl-py
+    for capability, ran in [(None, "triton"), ((8, 9), "triton"), ((9, 0), "mosaic_gpu"), ((12, 0), "mosaic_gpu")]:
+        monkeypatch.setattr(support, "gpu_capability", lambda: capability)
+        assert support.gpu_kernel("k", None, triton, mosaic_gpu, on_hopper="mosaic_gpu")() == ran
+        assert support.gpu_kernel("k", None, triton, mosaic_gpu)() == "triton"  # a kernel with no choice
 
 
 def test_the_exact_rounding_functions_agree_with_jax_numpy():
@@ -571,3 +601,32 @@ def test_a_program_of_whole_rows_takes_a_warp_per_1024_values_from_4_to_32():
     from pallasgen.runtime import support as rt
 
     assert [rt.row_warps(v) for v in (1, 2048, 4096, 8192, 32768, 1 << 20)] == [4, 4, 4, 8, 32, 32]
+
+
+def test_a_dots_blocks_are_halved_till_its_operands_fit_shared_memory_and_its_product_registers(monkeypatch):
+    monkeypatch.setattr(support, "gpu_capability", lambda: (9, 0))  # 227 KiB a block
+
+    def operands(block_m, block_k):  # x[M, K] and w[K, N] of bf16, with all of N's 1024 held
+        return 2 * (block_m * block_k + block_k * 1024)
+
+    def product(block_m, block_k):
+        return block_m * 1024
+
+    def few(block_m, block_k):
+        return 1
+
+    # 136 KiB of operands, 204 KiB with Triton's half again, fit; 65536 values do not: M halved.
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, product) == (32, 64)
+    # Without the product to hold, K is halved (which frees the most shared memory) instead.
+    assert support.fit_dot_blocks("k", (64, 128), (16, 16), operands, few) == (64, 64)
+    assert support.fit_dot_blocks("k", (16, 16), (16, 16), operands, product) == (16, 16)  # fits
+    monkeypatch.setattr(support, "gpu_capability", lambda: (8, 6))  # 99 KiB
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, few) == (64, 16)
+    with pytest.raises(ValueError, match=r"k: at its least blocks a Triton program holds 65536 values .* 99 KiB"):
+        support.fit_dot_blocks("k", (64, 64), (64, 16), operands, product)
+
+
+def test_shared_memory_per_block_follows_the_compute_capability(monkeypatch):
+    for capability, kib in [((9, 0), 227), ((8, 0), 163), ((8, 9), 99), ((7, 5), 64), (None, 227)]:
+        monkeypatch.setattr(support, "gpu_capability", lambda: capability)
+        assert support.shared_memory_per_block() == kib * 1024

@@ -16,9 +16,11 @@ Keywords every generated function takes beside its arrays and params:
 - `gpu_block_*`, `gpu_warps`, `gpu_stages`: the same on NVIDIA GPUs (Triton; powers of
   two). None: those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes,
   else the spec's.
-- `gpu_backend`: on NVIDIA GPUs, "triton" (the default) or "mosaic_gpu" (sm_90 and
-  later; opt-in, not yet checked on hardware). A kernel that Mosaic GPU does not take
-  runs on Triton either way (its docstring says why).
+- `gpu_backend`: on NVIDIA GPUs, "triton" or "mosaic_gpu" (sm_90 and later). None (the
+  default): Mosaic GPU from sm_90 on for a kernel whose `kernel(...)` says
+  `on_hopper="mosaic_gpu"` (those with a matrix product: faster there on an H200, as
+  Triton is for the row-wise ones; benchmarks/RESULTS.md), else Triton. A kernel that
+  Mosaic GPU does not take runs on Triton either way (its docstring says why).
 - `mgpu_block_*`, `mgpu_stages` (products): Mosaic GPU's blocks (wgmma tiles) and K
   pipeline depth. None: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed
   best on the GPU at the nearest sizes, else the built-in ones.
@@ -96,12 +98,16 @@ _INTERPRET_PARAMS = tuple(
 TPU_CHIPS = {kind: chip for chip, kinds in TPU_DEVICE_KINDS.items() for kind in kinds}
 
 
-def gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+def gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu, on_hopper=None):
     """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    has one (`mosaic_gpu` None: it has not, and runs on Triton). None names `on_hopper`'s
+    from sm_90 on where the kernel has one, else Triton's."""
+    if gpu_backend is None:
+        capability = gpu_capability()
+        gpu_backend = on_hopper if on_hopper and capability and capability >= (9, 0) else "triton"
     if gpu_backend not in GPU_BACKENDS:
         choices = " or ".join(f'"{name}"' for name in GPU_BACKENDS)
-        raise ValueError(f"{kernel}: gpu_backend must be {choices}, got {gpu_backend!r}")
+        raise ValueError(f"{kernel}: gpu_backend must be {choices} or None, got {gpu_backend!r}")
     if gpu_backend == "triton" or mosaic_gpu is None:
         return triton
 
@@ -113,16 +119,39 @@ def gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
-def gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
+def _gpu_device():
+    """The GPU being compiled for: the default device if it is a GPU, else the first GPU
+    (None without one)."""
     device = jax.config.jax_default_device
     if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
+        return device
     try:
-        return jax.devices("gpu")[0].device_kind
+        return jax.devices("gpu")[0]
     except RuntimeError:  # no GPU backend
         return None
+
+
+def gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None."""
+    return getattr(_gpu_device(), "device_kind", None)
+
+
+def gpu_capability():
+    """The CUDA compute capability (major, minor) of the GPU being compiled for, or None
+    (no GPU here, or not an NVIDIA one)."""
+    capability = getattr(_gpu_device(), "compute_capability", None)
+    return tuple(int(part) for part in capability.split(".")) if capability else None
+
+
+# Shared memory a block may take (KiB), by compute capability; 227 on Hopper and Blackwell
+# data-centre GPUs, and where no GPU is here (an export: the compile tier's H100).
+_SHARED_KIB = {(7, 0): 96, (7, 2): 96, (7, 5): 64, (8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}
+
+
+def shared_memory_per_block():
+    """The bytes of shared memory a program may take on the GPU being compiled for."""
+    capability = gpu_capability()
+    return 1024 * (227 if capability is None else _SHARED_KIB.get(capability, 99))
 
 
 def gpu_options(table, sizes, given):
@@ -170,6 +199,36 @@ def row_warps(values):
     in its table: no spec or tuned entry says): one per 1024 of them, 4 to 32. With four,
     ptxas spills a row of 32768 f32 (softmax's backward: 14 KiB a thread) to local memory."""
     return max(4, min(32, values // 1024))
+
+
+# The most values of its product a Triton program holds in registers: 128 KiB, half a
+# multiprocessor's register file (ptxas spilled 30 KiB a thread of a 64x2048 f32 tile).
+PRODUCT_VALUES_MOST = 32768
+
+
+def fit_dot_blocks(kernel, blocks, least, operand_bytes, product_values):
+    """A Triton program's blocks, each a power of two no less than `least`, halved where
+    its dot's operand blocks (`operand_bytes` of the blocks, stages counted) and half as
+    much again (Triton's layout conversions) pass the shared memory of a GPU block, or its
+    product's values (`product_values` of the blocks) pass PRODUCT_VALUES_MOST: each
+    time, the block whose halving leaves the least excess. Raises where the least blocks
+    do not fit."""
+    budget, blocks = shared_memory_per_block(), list(blocks)
+
+    def excess(b):
+        return max(3 * operand_bytes(*b) / 2 / budget, product_values(*b) / PRODUCT_VALUES_MOST)
+
+    while excess(blocks) > 1:
+        halved = [blocks[:i] + [b // 2] + blocks[i + 1 :] for i, b in enumerate(blocks) if b // 2 >= least[i]]
+        if not halved:
+            raise ValueError(
+                f"{kernel}: at its least blocks a Triton program holds {product_values(*blocks)} values of its product"
+                f" (at most {PRODUCT_VALUES_MOST}) and {operand_bytes(*blocks) // 1024} KiB of operands in shared memory"
+                f" and Triton about half as much again (at most {budget // 1024} KiB here); on Hopper, use"
+                ' gpu_backend="mosaic_gpu"'
+            )
+        blocks = min(halved, key=excess)
+    return tuple(blocks)
 
 
 def mgpu_check_whole(kernel, dim, size, block, most):
@@ -405,11 +464,13 @@ def on_platform(
     triton=_NOT_GENERATED,
     mosaic_gpu=_NOT_GENERATED,
     gpu_backend=None,
+    on_hopper=None,
     interpret,
 ):
     """Runs `kernel` on `arrays` as built for the platform being compiled for: `tpu`,
     else on NVIDIA GPUs the kernel that `gpu_backend` names (`gpu_kernel`: `triton`, or
-    `mosaic_gpu` where it is not None). Each takes the arrays and `interpret`.
+    `mosaic_gpu` where it is not None; None: `on_hopper`'s from sm_90 on, else `triton`).
+    Each takes the arrays and `interpret`.
 
     The choice follows the lowering platform, not the host, so ahead-of-time compiles
     and exports (for one platform, or for several at once) get the right kernel: Mosaic
@@ -444,7 +505,7 @@ def on_platform(
     elif mosaic_gpu is _NOT_GENERATED:
         gpu = triton
     else:
-        gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
+        gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu, on_hopper)
     # What runs interpreted: the TPU kernel, else Triton's (Mosaic GPU has no interpret mode).
     interpreted = next((given[name] for name in ("tpu", "triton") if name in targets), None)
     if interpreted is None:
@@ -474,6 +535,7 @@ def kernel(
     saves=None,
     residuals=None,
     saving=None,
+    on_hopper=None,
     **launchers,
 ):
     """The public function of a generated kernel, made from its reference (the function it
@@ -498,6 +560,7 @@ def kernel(
             saves=saves,
             residuals=declared_arrays(residuals or ()),
             saving=saving,
+            on_hopper=on_hopper,
         )
         keywords = keyword_lines(reference, params or {}, tpu_blocks, mosaic_gpu_options)
         made.__doc__ = with_arrays(reference, inputs, outputs, keywords)
@@ -521,7 +584,7 @@ def with_arrays(reference, inputs, outputs, keywords=()):
     first = next((i for i, line in enumerate(lines) if line == "Keywords:" or line.startswith("Gradients:")), None)
     if first is None:
         lines, first = [*lines, ""], len(lines) + 1
-    if keywords and lines[first:first + 1] == ["Keywords:"]:
+    if keywords and lines[first : first + 1] == ["Keywords:"]:
         lines[first + 1 : first + 1] = keywords
     elif keywords:
         lines[first:first] = ["Keywords:", *keywords, ""]
@@ -583,7 +646,7 @@ def declared_arrays(declared):
 
 
 def _declaration(array):
-    """"bias: f32[N] as [1, N]" -> ("bias", "f32[N]", "[1, N]"); the layout "" where none."""
+    """ "bias: f32[N] as [1, N]" -> ("bias", "f32[N]", "[1, N]"); the layout "" where none."""
     name, _, rest = array.partition(": ")
     own, _, layout = rest.partition(" as ")
     return name, own, layout
@@ -606,6 +669,7 @@ class Kernel:
       the TPU launcher's table of blocks, the Triton launcher's of blocks and options, a
       Mosaic GPU product's of blocks and stages, from which a call chooses those it
       leaves None before it launches.
+    - `on_hopper`: the GPU backend a call that names none runs from sm_90 on (None: Triton).
     - `vjp`: the backward pass, `vjp(*saved, *cotangents, **keywords)`: the arrays saved,
       then the outputs' cotangents (None: the kernel is not differentiated by backward
       kernels; `no_cotangents`: every cotangent is zero); `saves`: the names of the arrays it reads,
@@ -638,6 +702,7 @@ class Kernel:
         saves,
         residuals,
         saving,
+        on_hopper,
     ):
         functools.update_wrapper(self, reference)
         self.reference = reference
@@ -656,6 +721,7 @@ class Kernel:
         self.options = (*sorted(options - set(sizes.values()) - set(params) - {"residuals"}), "interpret")
         vjp = no_cotangents(len(inputs)) if vjp is no_cotangents else vjp
         self._vjp, self._saves, self._residuals, self._saving_kernel = vjp, saves, residuals, saving
+        self._on_hopper = on_hopper
         self.tpu_blocks = tpu_blocks._replace(kernel=reference.__name__, sizes=tuple(sizes)) if tpu_blocks else None
         self.triton_options, self.mosaic_gpu_options = triton_options, mosaic_gpu_options
         choosers = {  # what chooses the blocks (and GPU options) a call leaves None, by launcher
@@ -726,12 +792,14 @@ class Kernel:
         operands_ = {name: (array, spec[0], spec[1]) for (name, spec), array in zip(self._inputs.items(), arrays)}
         arrays, sizes = operands(self.__name__, operands_)
         params = {name: keywords.get(name, self._defaults[name]) for name in self._params}
-        options = {name: keywords.get(name, _OPTION_DEFAULTS.get(name)) for name in self.options}
+        options = {name: keywords.get(name) for name in self.options}
         if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
             shapes = [(tuple(sizes[d] for d in spec[1]), spec[0]) for spec in self._outputs.values()]
             if residuals:
                 empty = ", ".join(f"{dim}=0" for dim, size in sizes.items() if size == 0)
-                raise ValueError(f"{self.__name__}.with_residuals: {empty}: no kernel runs, so it computes no residuals")
+                raise ValueError(
+                    f"{self.__name__}.with_residuals: {empty}: no kernel runs, so it computes no residuals"
+                )
             return without_elements(self.__name__, sizes, self.reference, shapes, *arrays, **params)
         forward = functools.partial(self._launch, sizes=sizes, params=params, options=options)
         if residuals:
@@ -764,7 +832,7 @@ class Kernel:
             choose = chooser and functools.partial(chooser, binding, sizes)
             kernels[backend] = None if function is None else functools.partial(_launched, function, keywords, choose)
         if "gpu_backend" in self.options:
-            kernels["gpu_backend"] = options["gpu_backend"]
+            kernels["gpu_backend"], kernels["on_hopper"] = options["gpu_backend"], self._on_hopper
         results = on_platform(self.__name__, arrays, interpret=options["interpret"], **kernels)
         if residuals:
             specs = [*self._outputs.values(), *self._residuals.values()]
@@ -798,7 +866,6 @@ class Kernel:
 
 
 _BLOCKS = ("block_", "gpu_block_")  # the TPU's and Triton's block keywords, checked by `check_blocks`
-_OPTION_DEFAULTS = {"gpu_backend": GPU_BACKENDS[0]}  # every other keyword's default is None
 
 
 def _launched(launcher, keywords, choose, *arrays, **more):
@@ -826,7 +893,9 @@ def _with_gpu_options(options, binding, sizes, keywords, *, prefix, triton):
     chosen = [k for k, public in binding.items() if public.startswith(prefix)]
     chosen += ["num_warps", "num_stages"] if triton else []
     at, given = tuple(sizes[dim] for dim in options.dims), tuple(keywords[k] for k in chosen)
-    values = triton_options(options.table, at, given, options.least) if triton else gpu_options(options.table, at, given)
+    values = (
+        triton_options(options.table, at, given, options.least) if triton else gpu_options(options.table, at, given)
+    )
     return keywords | dict(zip(chosen, values))
 
 

@@ -102,7 +102,9 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     }
     starts = {d: namer.claim(f"{d.lower()}_start") for d in grid}
     prologue = [f"{starts[d]} = {first[d]}" for d in grid]
-    masks = [f"{inside[d]} = rt.inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
+    masks = [
+        f"{inside[d]} = rt.inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch
+    ]
     masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     sweep_start = namer.claim(f"{swept.lower()}_start") if swept else None
     if swept:
@@ -188,12 +190,14 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         whole_blocks=tuple((block_keyword(d), sizes[d], d, dot_depth(checked, d)) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         row_warps=None,  # its tiles' products choose its warps
-        prologue=(),
+        prologue=_dot_fit(checked, tunable, whole, swept),
         **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)),
+        out_specs=tuple(
+            (comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)
+        ),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(lowered, tunable),
@@ -202,6 +206,36 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         loop=comments_above(loop),
         body=comments_above(body),
         tiling=tiling,
+    )
+
+
+def _dot_fit(checked: CheckedKernel, tunable, whole, swept) -> tuple[str, ...]:
+    """Where a kernel's one dot has an operand held whole along a dimension (its blocks
+    grow with the call's size), the launcher's line that halves the other blocks until its
+    operands fit shared memory (pipelined in `num_stages` copies where the program loops
+    over the swept dimension) and its product a program's registers (`rt.fit_dot_blocks`).
+    Attention's two dots hold only the head's dimension whole, which their default blocks
+    leave room for."""
+    fused = checked.fused
+    if len(fused.products) != 1:
+        return ()
+    (product,) = fused.products.values()
+    operands = [fused.frame[x] for x in (product.lhs, product.rhs)]
+    held = sorted({d for axes in operands for d in axes if d in whole})
+    fitted = [d for d in tunable if any(d in axes for axes in operands)]
+    if not held or not fitted:
+        return ()
+    names = ", ".join(block_keyword(d) for d in fitted)
+    values = " + ".join(" * ".join(block_keyword(d) for d in axes if d) for axes in operands)
+    size = promote(checked.types[product.lhs].dtype, checked.types[product.rhs].dtype).bits // 8
+    values = f"{'num_stages * ' if swept else ''}{size} * ({values})"
+    result = " * ".join(block_keyword(d) for d in fused.frame[product.node] if d)
+    least = tuple_code([str(max(SMALLEST_DOT_TILE, dot_depth(checked, d))) for d in fitted])
+    one = "," if len(fitted) == 1 else ""
+    return (
+        f"# The dot's operands (all of {', '.join(held)}) in shared memory, its product in registers: halved to fit.",
+        f"{names}{one} = rt.fit_dot_blocks({checked.kernel.name!r}, ({names}{one}), {least},"
+        f" lambda {names}: {values}, lambda {names}: {result})",
     )
 
 

@@ -1,14 +1,18 @@
 """NVIDIA GPUs from Hopper (sm_90) on: Pallas's Mosaic GPU backend (`plgpu.kernel`,
-TMA pipelines, `wgmma`). Opt-in through the public `gpu_backend` keyword; a kernel it
-does not take runs on Triton (`support.refusal` says why)."""
+TMA pipelines, `wgmma`). From sm_90 on a kernel with a matrix product runs on it unless
+the public `gpu_backend` keyword names Triton (`faster_on_hopper`), any other only where
+it names Mosaic GPU; a kernel it does not take runs on Triton (`support.refusal` says why)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from pallasgen.backends.base import Backend
 from pallasgen.runtime.constants import TARGETS
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.plan import (
     BACKEND_KEYWORD,
+    faster_on_hopper,
     kernel_function_name,
     keyword_group,
     launcher_name,
@@ -88,7 +92,9 @@ class MosaicGpuBackend(Backend):
         return kernel_function_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_mosaic_gpu(lowered, "triton" in targets)
+        plan = plan_mosaic_gpu(lowered, "triton" in targets)
+        preferred = "triton" in targets and not plan.refused and faster_on_hopper(lowered.checked)
+        return dataclasses.replace(plan, on_hopper=preferred)
 
     def blocks_at(self, plan, sizes):
         """Its blocks are fixed per kernel, not keywords: none to report."""

@@ -59,11 +59,8 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
-from pallasgen.runtime.constants import GPU_BACKENDS  # the values `gpu_backend` takes
-
 
 BACKEND_KEYWORD = "gpu_backend"
-DEFAULT_GPU_BACKEND = GPU_BACKENDS[0]  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
 
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
@@ -83,6 +80,7 @@ class MosaicGpuPlan:
     stages: tuple[MosaicGpuPlan, ...] = ()  # kernels it calls in turn (stages: one fused product)
     table: tuple[str, ...] = ()  # a stage's product: its module-level table of tuned blocks and stages
     options_table: str = ""  # a product's: the `rt.GpuOptions` its public function chooses from
+    on_hopper: bool = False  # the GPU kernel a call that names none runs from sm_90 on (`faster_on_hopper`)
 
 
 def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: bool = True) -> KeywordGroup:
@@ -100,13 +98,26 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
         )
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     elif not residuals:
-        why = refusal(checked.gradient.saving) or "its nested reductions, written as residuals too, are not planned in stages"
+        why = (
+            refusal(checked.gradient.saving)
+            or "its nested reductions, written as residuals too, are not planned in stages"
+        )
         said = f"Under jax.grad it runs on Triton, which writes its residuals: {why}."
         doc += textwrap.wrap(said, LINE_LENGTH - 12, initial_indent="  ", subsequent_indent="    ")
     # a product's choices are documented by the runtime, from its public function's mosaic_gpu_options
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
-    chooser = (Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),) if with_triton else ()
+    chooser = (Keyword(BACKEND_KEYWORD, "None"),) if with_triton else ()  # None: `faster_on_hopper` chooses
     return KeywordGroup((*chooser, *tunable), tuple(doc))
+
+
+def faster_on_hopper(checked: CheckedKernel) -> bool:
+    """Whether a call that names no `gpu_backend` runs Mosaic GPU's kernel from sm_90 on:
+    a kernel with a matrix product (a product, attention, their backward kernels) ran
+    faster on it than on Triton on an H200, but for a batched product, and a row-wise one
+    slower (benchmarks/RESULTS.md)."""
+    if checked.product is not None:
+        return not checked.batch
+    return bool(checked.fused and checked.fused.products)
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -163,7 +174,10 @@ def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
         (),
         parameter_list(
             [lowered.values[d.name] for d in kernel.inputs],
-            [sizes[d] for d in lowered.checked.dims] + params + (["residuals"] if lowered.residuals else []) + ["interpret"],
+            [sizes[d] for d in lowered.checked.dims]
+            + params
+            + (["residuals"] if lowered.residuals else [])
+            + ["interpret"],
         ),
         chained_body(lowered, [(s, sub, p.function) for s, sub, p in zip(chain, subs, plans)]),
         f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
@@ -230,9 +244,7 @@ class _Planner:
             types.append(if_residuals(shape, plan) if optional else shape)
         return f"({', '.join(types)},)"
 
-    def finish(
-        self, signature, kernel_body, launcher_body, chosen=None, table=(), options_table=""
-    ) -> MosaicGpuPlan:
+    def finish(self, signature, kernel_body, launcher_body, chosen=None, table=(), options_table="") -> MosaicGpuPlan:
         """The plan; `signature`: the kernel's refs, scratch refs and keywords; `chosen`: the
         launcher's keyword for each public one it takes, None by default where it chooses
         them itself (`table`), as a stage does."""
