@@ -412,7 +412,7 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dx 2.0
-    # MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
+    # MiB) + 4 lets x 4.0 MiB.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -569,8 +569,7 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dbias
-    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
-    # 4.0 MiB.
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + 4 lets x 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along M accumulate in
@@ -651,8 +650,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
-    def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, x_smem, scale_smem, dy_smem, sum_m_running):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
@@ -665,9 +663,9 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         )
         sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    dbias = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -676,9 +674,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(x_ref, scale_ref, dy_ref)
-    dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
@@ -760,8 +757,7 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB + dy 2.0 MiB + dscale
-    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1
-    # 4.0 MiB.
+    # 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + 4 lets x 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
         # One step per block of M, block of N. Steps along M are independent (parallel); steps along N accumulate in
@@ -842,8 +838,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
     scale = rt.mgpu_load_vector(scale_smem, 0)
 
-    def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_1(indices, x_smem, bias_smem, dy_smem, sum_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
@@ -856,9 +851,9 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         )
         sum_n_block = rt.mgpu_fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    dscale = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -867,9 +862,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, bias_ref, dy_ref)
-    dscale = sum_n
     dscale_smem[...] = dscale
     rt.mgpu_copy_out((dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)]))
 
@@ -934,8 +928,7 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + let scaled 4.0 MiB +
-    # let rounded 4.0 MiB.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) + 2 lets x 4.0 MiB.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.

@@ -4893,7 +4893,7 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
     # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
-    # 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a block 1.0 KiB.
+    # 512 B) + sum's 32-bit copy of a block 2 x 1.0 KiB.
     return pl.pallas_call(
         _gqa_backward_over_r_kernel,
         # One step per block of B, block of G, block of T (R, D taken whole); steps are independent, so every axis is
@@ -5200,38 +5200,36 @@ def _matmul_softmax_stage_1_mosaic_gpu(
 def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, acc_smem, carry):
-        (max_n_running,) = carry
+    def reduce_1(indices, acc_smem, max_n_running):
         start = indices[0] * block_n
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         max_n_block = rt.mgpu_fill_past(acc, start, n, 1, -jnp.inf, ragged=n % block_n)
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
-        return (max_n_running,)
+        return max_n_running
 
-    (max_n,) = plgpu.emit_pipeline(
+    max_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
     )(acc_ref)
 
-    def reduce_2(indices, acc_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_2(indices, acc_smem, sum_n_running):
         start = indices[0] * block_n
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         sum_n_block = rt.mgpu_fill_past(
             jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)), start, n, 1, 0.0, ragged=n % block_n
         )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_2,
         grid=(acc_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(acc_ref)
 
     def write(indices, acc_smem):
@@ -5385,21 +5383,20 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
 def _matmul_softmax_backward_mosaic_gpu_kernel(y_ref, dy_ref, dacc_ref, dacc_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, y_smem, dy_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_1(indices, y_smem, dy_smem, sum_n_running):
         start = indices[0] * block_n
         y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = rt.mgpu_fill_past(dy * y, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(y_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(y_ref, dy_ref)
 
     def write(indices, y_smem, dy_smem):
@@ -5871,21 +5868,20 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
 def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers, *, block_m, block_k, k):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, carry):
-        (mean_k_running,) = carry
+    def reduce_1(indices, x_smem, mean_k_running):
         start = indices[0] * block_k
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         mean_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
         mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
-        return (mean_k_running,)
+        return mean_k_running
 
-    (mean_k_running,) = plgpu.emit_pipeline(
+    mean_k_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     mean_k = mean_k_running / k
 
@@ -6139,21 +6135,20 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 ):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, carry):
-        (mean_over_k_running,) = carry
+    def reduce_1(indices, x_smem, mean_over_k_running):
         start = indices[0] * block_k
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
         mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
-        return (mean_over_k_running,)
+        return mean_over_k_running
 
-    (mean_over_k_running,) = plgpu.emit_pipeline(
+    mean_over_k_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     mean_k = mean_over_k_running / k
     mean_k_smem[...] = mean_k
@@ -6433,8 +6428,7 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
     # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
-    # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let
-    # dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
+    # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + 7 lets x 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -6507,8 +6501,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)
 
-    def reduce_1(indices, x_smem, g_smem, dlhs_smem, carry):
-        (sum_k_running,) = carry
+    def reduce_1(indices, x_smem, g_smem, dlhs_smem, sum_k_running):
         start = indices[0] * block_k
         x, g = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1)), rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
@@ -6517,9 +6510,9 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         dlhs_2 = dlhs_1 * g
         sum_k_block = rt.mgpu_fill_past(dlhs_2 * h, start, k, 1, 0.0, ragged=k % block_k)
         sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
-        return (sum_k_running,)
+        return sum_k_running
 
-    (sum_k,) = plgpu.emit_pipeline(
+    sum_k = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
@@ -6528,7 +6521,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, g_ref, dlhs_ref)
     dlhs_3 = sum_k * (-0.5 * (lhs_3 / lhs_2)) / k
 
@@ -6640,8 +6633,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
     # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
-    # + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB
-    # + let dlhs_1 1.0 KiB.
+    # + sum's 32-bit copy of a block 1.0 KiB + 5 lets x 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).
@@ -6715,8 +6707,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 ):
     program_k = jax.lax.axis_index("K")
 
-    def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, sum_m_running):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         mean_k = rt.mgpu_load(mean_k_smem, (block_m, block_k), (0,))
@@ -6728,9 +6719,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         dlhs_1 = dlhs.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    dg = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -6739,9 +6730,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_k), lambda s: (s, program_k), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_k, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_k, 0.0, jnp.float32, 1),
     )(x_ref, mean_k_ref, dlhs_ref)
-    dg = sum_m
     dg_smem[...] = dg
     rt.mgpu_copy_out((dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)]))
 

@@ -44,8 +44,7 @@ def _giou_kernel(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
-    # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let
-    # inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
+    # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + 7 lets x 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -230,16 +229,7 @@ def _giou_backward_kernel(
 def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret):
     # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB + ay2 1.0 MiB + bx1
     # 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB +
-    # day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let area_a_2
-    # 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB + let area_b 1.0 MiB + let inter_w_1
-    # 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let
-    # inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let
-    # hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0 MiB + let hull_5 1.0 MiB + let hull_6
-    # 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB + let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB +
-    # let dgiou_2 1.0 MiB + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0 MiB + let
-    # dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB + let
-    # dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0
-    # MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
+    # day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + 45 lets x 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.

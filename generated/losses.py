@@ -321,7 +321,7 @@ def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss
 
 def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret):
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + logsumexp_v 64 B + dloss 64 B
-    # + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB + let dz 128.0 KiB.
+    # + dlogits 64.0 KiB) + 3 lets x 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is parallel.

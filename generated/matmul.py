@@ -1741,8 +1741,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
-    def reduce_1(indices, acc_smem, dz_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, acc_smem, dz_smem, sum_m_running):
         start = indices[0] * block_m
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -1753,9 +1752,9 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         )
         sum_m_block = rt.mgpu_fill_past(dz_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    dbias = plgpu.emit_pipeline(
         reduce_1,
         grid=(acc_ref.shape[0] // block_m,),
         in_specs=[
@@ -1763,9 +1762,8 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(acc_ref, dz_ref)
-    dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 
@@ -3484,23 +3482,21 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
 def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, dy_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, dy_smem, sum_m_running):
         start = indices[0] * block_m
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    dbias = plgpu.emit_pipeline(
         reduce_1,
         grid=(dy_ref.shape[0] // block_m,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(dy_ref)
-    dbias = sum_m
     dbias_smem[...] = dbias
     rt.mgpu_copy_out((dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)]))
 

@@ -57,8 +57,8 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref,
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
-    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64
-    # B. mean_n: only when the residuals are written.
+    # B + mean_n 64 B) + mean's 32-bit copy of a block 2 x 64 B + 2 lets x 64 B. mean_n: only when the residuals are
+    # written.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -152,40 +152,38 @@ def _layer_norm_mosaic_gpu_kernel(
     mu_smem, rstd_smem, mean_n_smem, y_buffers = scratch
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, carry):
-        (mean_over_n_running,) = carry
+    def reduce_1(indices, x_smem, mean_over_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_n_block = rt.mgpu_fill_past(h, start, n, 1, 0.0, ragged=n % block_n)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return (mean_over_n_running,)
+        return mean_over_n_running
 
-    (mean_over_n_running,) = plgpu.emit_pipeline(
+    mean_over_n_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     mu = mean_over_n_running / n
 
-    def reduce_2(indices, x_smem, carry):
-        (mean_n_2_running,) = carry
+    def reduce_2(indices, x_smem, mean_n_2_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_n_2_block = rt.mgpu_fill_past(d * d, start, n, 1, 0.0, ragged=n % block_n)
         mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
-        return (mean_n_2_running,)
+        return mean_n_2_running
 
-    (mean_n_2_running,) = plgpu.emit_pipeline(
+    mean_n_2_running = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     mean_n = mean_n_2_running / n
     rstd = jax.lax.rsqrt(mean_n + eps)
@@ -329,9 +327,7 @@ def _layer_norm_backward_kernel(
 
 def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
-    # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
-    # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
-    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B.
+    # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 2 x 64 B + 10 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -431,8 +427,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     drstd = rt.mgpu_load_vector(drstd_smem, 0)
     rstd_1 = mean_n + eps
 
-    def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_1(indices, x_smem, w_smem, dy_smem, sum_n_running):
         start = indices[0] * block_n
         x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -442,9 +437,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = rt.mgpu_fill_past(dy_2 * d, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -453,13 +448,12 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, w_ref, dy_ref)
     drstd_total = drstd + sum_n
     drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
 
-    def reduce_2(indices, x_smem, w_smem, dy_smem, carry):
-        (sum_over_n_running,) = carry
+    def reduce_2(indices, x_smem, w_smem, dy_smem, sum_over_n_running):
         start = indices[0] * block_n
         x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -474,9 +468,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         )
         sum_over_n_block = rt.mgpu_fill_past(-dd, start, n, 1, 0.0, ragged=n % block_n)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return (sum_over_n_running,)
+        return sum_over_n_running
 
-    (sum_over_n,) = plgpu.emit_pipeline(
+    sum_over_n = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -485,7 +479,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, w_ref, dy_ref)
     dmu_total = dmu + sum_over_n
 
@@ -630,8 +624,7 @@ def _layer_norm_backward_over_m_kernel(
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
-    # db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let
-    # y_1 64 B + let dy_1 64 B.
+    # db 4 B) + sum's 32-bit copy of a block 2 x 64 B + 4 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -739,7 +732,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
 
-    sum_m, sum_over_m = plgpu.emit_pipeline(
+    dw, db = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -751,8 +744,6 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1), rt.mgpu_full(block_n, 0.0, jnp.float32, 1)),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
-    dw = sum_m
-    db = sum_over_m
     dw_smem[...] = dw
     db_smem[...] = db
     rt.mgpu_copy_out(
@@ -894,21 +885,20 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals,
 def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_buffers, *, block_m, block_n, n, eps):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, carry):
-        (mean_over_n_running,) = carry
+    def reduce_1(indices, x_smem, mean_over_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_n_block = rt.mgpu_fill_past(h * h, start, n, 1, 0.0, ragged=n % block_n)
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return (mean_over_n_running,)
+        return mean_over_n_running
 
-    (mean_over_n_running,) = plgpu.emit_pipeline(
+    mean_over_n_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     mean_n = mean_over_n_running / n
     mean_n_smem[...] = mean_n
@@ -1017,8 +1007,7 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
-    # sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let
-    # dy_3 64 B + let dh 64 B.
+    # sum's 32-bit copy of a block 64 B + 7 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1091,8 +1080,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
 
-    def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_1(indices, x_smem, w_smem, dy_smem, sum_n_running):
         start = indices[0] * block_n
         x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -1101,9 +1089,9 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         dy_2 = dy_1 * w
         sum_n_block = rt.mgpu_fill_past(dy_2 * h, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1112,7 +1100,7 @@ def _rms_norm_backward_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, w_ref, dy_ref)
     dy_3 = sum_n * (-0.5 * (y_3 / y_2)) / n
 
@@ -1225,7 +1213,7 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
-    # 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
+    # 32-bit copy of a block 64 B + 5 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -1297,8 +1285,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 ):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, x_smem, mean_n_smem, dy_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, x_smem, mean_n_smem, dy_smem, sum_m_running):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         mean_n = rt.mgpu_load(mean_n_smem, (block_m, block_n), (0,))
@@ -1310,9 +1297,9 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    dw = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -1321,9 +1308,8 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(x_ref, mean_n_ref, dy_ref)
-    dw = sum_m
     dw_smem[...] = dw
     rt.mgpu_copy_out((dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)]))
 

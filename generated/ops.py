@@ -431,14 +431,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    _, argmax_n = plgpu.emit_pipeline(
+    _, i = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
@@ -851,14 +850,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    _, argmax_n = plgpu.emit_pipeline(
+    _, i = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
@@ -1250,14 +1248,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
         )
         return (argmax_n_running, argmax_n_index)
 
-    _, argmax_n = plgpu.emit_pipeline(
+    _, i = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.int8)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -2147483648, jnp.int32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 

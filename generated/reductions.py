@@ -106,14 +106,13 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         )
         return (argmax_n_running, argmax_n_index)
 
-    _, argmax_n = plgpu.emit_pipeline(
+    _, i = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    i = argmax_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
@@ -337,14 +336,13 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
         )
         return (argmin_n_running, argmin_n_index)
 
-    _, argmin_n = plgpu.emit_pipeline(
+    _, i = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0, jnp.int32, 0)),
     )(x_ref)
-    i = argmin_n
     i_smem[...] = i
     rt.mgpu_copy_out((i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)]))
 
@@ -465,20 +463,19 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
 def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, x_smem, carry):
-        (sum_m_running,) = carry
+    def reduce_1(indices, x_smem, sum_m_running):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         sum_m_block = rt.mgpu_fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
+        return sum_m_running
 
-    (sum_m,) = plgpu.emit_pipeline(
+    sum_m = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(x_ref)
     s = sum_m
     s_smem[...] = s
@@ -750,7 +747,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_over_n, _, argmax_over_n = plgpu.emit_pipeline(
+    max_n, _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
@@ -761,10 +758,8 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
             rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_n = max_over_n
     s = jnp.maximum(max_n, 1e-30) / 127
     scale = s
-    argmax_n = argmax_over_n
     scale_smem[...] = scale
     max_n_smem[...] = max_n
     argmax_n_smem[...] = argmax_n
@@ -883,7 +878,7 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
-    # 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
+    # 128 B + dx 128 B) + 3 lets x 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.

@@ -152,7 +152,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref,
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_over_n, _, argmax_over_n = plgpu.emit_pipeline(
+    max_n, _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
@@ -163,26 +163,22 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref,
             rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_n = max_over_n
-    argmax_n = argmax_over_n
 
-    def reduce_2(indices, x_smem, carry):
-        (sum_over_n_running,) = carry
+    def reduce_2(indices, x_smem, sum_over_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = rt.mgpu_fill_past(e, start, n, 1, 0.0, ragged=n % block_n)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return (sum_over_n_running,)
+        return sum_over_n_running
 
-    (sum_over_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
-    sum_n = sum_over_n
     sum_n_smem[...] = sum_n
     argmax_n_smem[...] = argmax_n
     max_n_smem[...] = max_n
@@ -297,8 +293,7 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
-    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B + let de
-    # 32 B + let de_1 32 B.
+    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 2 x 32 B + 3 lets x 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -382,8 +377,7 @@ def _softmax_backward_mosaic_gpu_kernel(
     rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
 
-    def reduce_1(indices, x_smem, dy_smem, carry):
-        (sum_over_n_running,) = carry
+    def reduce_1(indices, x_smem, dy_smem, sum_over_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -397,18 +391,17 @@ def _softmax_backward_mosaic_gpu_kernel(
             ragged=n % block_n,
         )
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return (sum_over_n_running,)
+        return sum_over_n_running
 
-    (sum_over_n,) = plgpu.emit_pipeline(
+    sum_over_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, dy_ref)
 
-    def reduce_2(indices, x_smem, dy_smem, carry):
-        (sum_n_2_running,) = carry
+    def reduce_2(indices, x_smem, dy_smem, sum_n_2_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -417,14 +410,14 @@ def _softmax_backward_mosaic_gpu_kernel(
         de_1 = de * e
         sum_n_2_block = rt.mgpu_fill_past(-de_1, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
-        return (sum_n_2_running,)
+        return sum_n_2_running
 
-    (sum_n_2,) = plgpu.emit_pipeline(
+    sum_n_2 = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)] * 2,
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, dy_ref)
 
     def write(indices, x_smem, dy_smem):
@@ -765,20 +758,19 @@ def _log_softmax_backward_mosaic_gpu_kernel(
     rt.mgpu_copy_in(logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0])
     logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
-    def reduce_1(indices, dy_smem, carry):
-        (sum_n_running,) = carry
+    def reduce_1(indices, dy_smem, sum_n_running):
         start = indices[0] * block_n
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = rt.mgpu_fill_past(-dy, start, n, 1, 0.0, ragged=n % block_n)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return (sum_n_running,)
+        return sum_n_running
 
-    (sum_n,) = plgpu.emit_pipeline(
+    sum_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
-        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(dy_ref)
 
     def write(indices, x_smem, dy_smem):

@@ -15,6 +15,11 @@ def test_a_copy_names_the_value_where_it_is_computed():
     assert without_copies(source) == "def f(x_ref, z_ref):\n    acc = x_ref[...]\n    z_ref[...] = acc * 2\n"
 
 
+def test_a_name_a_tuple_unpacks_to_takes_the_copys_name():
+    source = "def f(x):\n    (a,) = g(x)\n    c, _, d = h(x)\n    b = a\n    e = d\n    return b + c + e\n"
+    assert without_copies(source) == "def f(x):\n    (b,) = g(x)\n    c, _, e = h(x)\n    return b + c + e\n"
+
+
 def test_chains_of_copies_in_nested_functions_go_too():
     source = "def f(x):\n    def g():\n        a = x + 1\n        b = a\n        c = b\n        return c\n\n    return g()\n"
     assert without_copies(source) == "def f(x):\n    def g():\n        c = x + 1\n        return c\n\n    return g()\n"
@@ -28,7 +33,7 @@ def test_chains_of_copies_in_nested_functions_go_too():
         "def f(x, b):\n    a = x + 1\n    b = a\n    return b\n",  # the second is a parameter
         "def f(x):\n    a = x + 1\n    c = b\n    b = a\n    return b + c\n",  # the second is read before the copy
         "def f(x):\n    if x:\n        a = x + 1\n    b = a\n    return b\n",  # not in the same block
-        "def f(x):\n    a, c = x, x\n    b = a\n    return b + c\n",  # not a plain assignment
+        "def f(x):\n    a += 1\n    b = a\n    return b\n",  # not a plain assignment
     ],
 )
 def test_copies_that_renaming_would_change_stay(source):

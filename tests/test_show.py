@@ -270,9 +270,13 @@ UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 * 1024}
 
 
 def sizes_in(text: str) -> list[tuple[float, int]]:
-    """Each `1.5 KiB` in a text: (bytes, the most its one-decimal rounding may hide)."""
-    found = re.findall(r"(\d+(?:\.\d+)?) (B|KiB|MiB)\b", text)
-    return [(float(number) * UNITS[unit], 0 if unit == "B" else UNITS[unit] // 20) for number, unit in found]
+    """Each `1.5 KiB` in a text, or `3 x 1.5 KiB` (`3 lets x 1.5 KiB`): (bytes, the most
+    its one-decimal rounding may hide)."""
+    found = re.findall(r"(?:(\d+) (?:lets )?x )?(\d+(?:\.\d+)?) (B|KiB|MiB)\b", text)
+    return [
+        (int(count or 1) * float(number) * UNITS[unit], int(count or 1) * (0 if unit == "B" else UNITS[unit] // 20))
+        for count, number, unit in found
+    ]
 
 
 def parts_add_up(total: int, total_slack: int, formula: str) -> bool:

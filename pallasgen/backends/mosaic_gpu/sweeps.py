@@ -294,12 +294,17 @@ class SweepPlanner:
             ]
             results.append((result, finish_code(kind, names, dtype, size)))
         step = self.namer.claim(f"reduce_{number}")
-        carried = tuple_code(running)
         outer, finished = unpacked_results(running, results)
-        pipeline = self._pipeline(step, inputs, program, steps, tuple_code(initial))
+        if len(running) == 1:  # the carry is the one running value itself
+            carried, unpack, initial_carry, outer = running[0], [], initial[0], outer.rstrip(",")
+        else:
+            carried, initial_carry = tuple_code(running), tuple_code(initial)
+            unpack = [f"    {carried} = {self.carry}"]
+        pipeline = self._pipeline(step, inputs, program, steps, initial_carry)
+        parameter = running[0] if len(running) == 1 else self.carry
         return [
-            f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs), self.carry])}):",
-            f"    {carried} = {self.carry}",
+            f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs), parameter])}):",
+            *unpack,
             f"    {self.start} = {self.indices}[0] * {block_keyword(self.swept)}",
             *(f"    {line}" for line in self._block_loads(inputs)),
             *(f"    {self.values[s.name]} = {emitter.emit(s.value)}" for s in lets),

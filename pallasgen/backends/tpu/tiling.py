@@ -164,13 +164,23 @@ class Vmem:
         return sum(part.buffers * part.bytes(blocks) for part in self.parts)
 
     def formula(self, blocks: dict[str, int]) -> str:
-        """`2 buffers x (x 1.0 MiB + z 1.0 MiB) + f32 accumulator 2.0 MiB`: every part, in bytes at `blocks`."""
+        """`2 buffers x (x 1.0 MiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + 3 lets x 4.0 MiB`:
+        every part, in bytes at `blocks`; parts alike (lets, or the same name) of the same
+        bytes counted together."""
         buffered = [p for p in self.parts if p.buffers == 2]
         terms = [f"2 buffers x ({' + '.join(f'{p.what} {format_bytes(p.bytes(blocks))}' for p in buffered)})"]
+        alike: dict[tuple[str, int], list[VmemPart]] = {}
         for part in self.parts:
             if part.buffers != 2:
-                times = f"{part.buffers} x " if part.buffers > 1 else ""
-                terms.append(f"{part.what} {times}{format_bytes(part.bytes(blocks))}")
+                label = "lets" if part.what.startswith("let ") else part.what
+                alike.setdefault((label, part.bytes(blocks)), []).append(part)
+        for (label, size), parts in alike.items():
+            count = sum(p.buffers for p in parts)
+            if label == "lets" and len(parts) > 1:
+                terms.append(f"{len(parts)} lets x {format_bytes(size)}")
+            else:
+                times = f"{count} x " if count > 1 else ""
+                terms.append(f"{parts[0].what} {times}{format_bytes(size)}")
         return " + ".join(terms)
 
 
