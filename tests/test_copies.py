@@ -21,7 +21,9 @@ def test_a_name_a_tuple_unpacks_to_takes_the_copys_name():
 
 
 def test_chains_of_copies_in_nested_functions_go_too():
-    source = "def f(x):\n    def g():\n        a = x + 1\n        b = a\n        c = b\n        return c\n\n    return g()\n"
+    source = (
+        "def f(x):\n    def g():\n        a = x + 1\n        b = a\n        c = b\n        return c\n\n    return g()\n"
+    )
     assert without_copies(source) == "def f(x):\n    def g():\n        c = x + 1\n        return c\n\n    return g()\n"
 
 
