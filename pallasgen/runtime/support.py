@@ -18,8 +18,8 @@ Keywords every generated function takes beside its arrays and params:
   else the spec's.
 - `gpu_backend`: on NVIDIA GPUs, "triton" or "mosaic_gpu" (sm_90 and later). None (the
   default): Mosaic GPU from sm_90 on for a kernel whose `kernel(...)` says
-  `on_hopper="mosaic_gpu"` (those with a matrix product: faster there on an H200, as
-  Triton is for the row-wise ones; benchmarks/RESULTS.md), else Triton. A kernel that
+  `on_hopper="mosaic_gpu"` (those with a matrix product but batched ones: faster there on
+  an H200, as Triton is for the others; benchmarks/RESULTS.md), else Triton. A kernel that
   Mosaic GPU does not take runs on Triton either way (its docstring says why).
 - `mgpu_block_*`, `mgpu_stages` (products): Mosaic GPU's blocks (wgmma tiles) and K
   pipeline depth. None: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed
