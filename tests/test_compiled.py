@@ -303,12 +303,12 @@ HOPPER_SHARED_MEMORY = 227 * 1024  # a block's most on an H100 or H200
     [
         ("rmsnorm_matmul", [(1000, 1000), (1000,), (1000, 3000)]),  # all of K (1024) held
         ("rmsnorm_matmul", [(2048, 1024), (1024,), (1024, 2048)]),
-        ("matmul_softmax", [(2048, 1024), (1024, 2048)]),  # all of N (2048) held
     ],
 )
 def test_a_dot_with_an_operand_held_whole_fits_a_hoppers_shared_memory(kernel, shapes):
     """Its launcher halves the other blocks (rt.fit_dot_blocks): with the default blocks
-    an H200 refused matmul_softmax's 264 KiB and rmsnorm_matmul's 384 KiB at these sizes."""
+    an H200 refused rmsnorm_matmul's 384 KiB at these sizes (and matmul_softmax's 264 KiB
+    at N=2048, whose fitted compile takes ptxas 13 s: the runtime's tests cover it)."""
     function = getattr(generated_module("attention"), kernel)
     arguments = [
         jax.ShapeDtypeStruct(shape, jax.numpy.float32 if len(shape) == 1 else jax.numpy.bfloat16) for shape in shapes
