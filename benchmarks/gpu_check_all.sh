@@ -6,6 +6,7 @@
 # the card with nothing). Writes into OUT:
 #   summary.txt   what passed and failed on each path, and the speed table
 #   speed.md      the table for benchmarks/RESULTS.md; speed.json its numbers
+#   tuning.tgz    with TUNE=1: the specs' tuning files after `pallasgen tune --gpu` (below)
 #   logs.tgz      each slice's whole log
 #
 #   benchmarks/gpu_check_all.sh OUT            # on the GPU machine
@@ -13,7 +14,11 @@
 #
 # PYTHON names the interpreter (python3). The check and the speed steps have their own
 # time limits (CHECK_SECONDS, SPEED_SECONDS) so that one hung kernel cannot take the
-# machine's whole lease; a step cut short says so in summary.txt.
+# machine's whole lease; a step cut short says so in summary.txt. TUNE=1 then runs
+# `pallasgen tune --gpu` on both paths for each of TUNED (kernel and sizes), TUNE_SECONDS
+# each, from a copy of pallasgen laid out as installed (a checkout on PYTHONPATH has no
+# pallasgen.templates: it renders nothing); on CPU (--dry-run) it only shows that the
+# tune starts (and finds no CUDA device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +28,9 @@ python=${PYTHON:-python3}
 slices=${SLICES:-8}
 check_seconds=${CHECK_SECONDS:-270}
 speed_seconds=${SPEED_SECONDS:-210}
+tune_seconds=${TUNE_SECONDS:-60}
+# Products short of XLA in the H200's table (benchmarks/RESULTS.md), at its sizes.
+tuned=(${TUNED:-"batched_matmul:B=8,M=2048,N=2048,K=2048"})
 classes=(ragged small single aligned)
 parts=$slices
 speed_flags=()
@@ -53,6 +61,25 @@ timeout "$speed_seconds" "$python" benchmarks/gpu_speed.py --out "$out" "${speed
     >"$out/logs/speed.log" 2>&1
 speed_status=$?
 
+speed_done=$SECONDS
+if [[ ${TUNE:-} == 1 ]]; then
+    # pallasgen as installed (its templates as pallasgen.templates), imported first (-P: not the checkout's).
+    site=$(mktemp -d)
+    cp -r pallasgen "$site/" && cp -r templates "$site/pallasgen/templates"
+    : >"$out/logs/tune.log"
+    for entry in "${tuned[@]}"; do
+        kernel=${entry%%:*} sizes=()
+        IFS=, read -ra pairs <<<"${entry#*:}"
+        for pair in "${pairs[@]}"; do sizes+=(--size "$pair"); done
+        for path in mosaic_gpu triton; do
+            PYTHONPATH="$site:${PYTHONPATH:-}" timeout "$tune_seconds" "$python" -P -m pallasgen tune \
+                "specs/matmul.pallas:$kernel" --gpu --gpu-backend "$path" "${sizes[@]}" --budget 8 >>"$out/logs/tune.log" 2>&1
+            echo "tune $kernel on $path: exit $?" >>"$out/logs/tune.log"
+        done
+    done
+    tar czf "$out/tuning.tgz" specs/*.tuning.json
+fi
+
 {
     echo "gpu_check (${classes[*]}; $slices slices a path of 1/$parts each): $((check_done - started)) s"
     for path in triton mosaic_gpu; do
@@ -67,8 +94,13 @@ speed_status=$?
         done
     done
     echo
-    echo "gpu_speed (exit $speed_status, $((SECONDS - check_done)) s):"
+    echo "gpu_speed (exit $speed_status, $((speed_done - check_done)) s):"
     if [[ -f $out/speed.md ]]; then cat "$out/speed.md"; else tail -20 "$out/logs/speed.log"; fi
+    if [[ ${TUNE:-} == 1 ]]; then
+        echo
+        echo "pallasgen tune --gpu ($((SECONDS - speed_done)) s):"
+        grep -E "^tune |Error|error:|best|blocks" "$out/logs/tune.log" | tail -20
+    fi
 } >"$out/summary.txt"
 tar czf "$out/logs.tgz" -C "$out" logs && rm -r "$out/logs"
 cat "$out/summary.txt"
