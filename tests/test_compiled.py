@@ -53,6 +53,7 @@ from kernel_cases import (
     spec_kernel,
 )
 from pallasgen.devices import compile_only
+from pallasgen.runtime.constants import MGPU_SMEM_PER_BLOCK
 
 MISSING = compile_only.missing_compilers()
 pytestmark = pytest.mark.skipif(
@@ -295,9 +296,6 @@ def test_a_long_row_held_whole_gets_the_warps_that_keep_it_in_registers(kernel, 
         assert four.num_warps == 4 and compile_only.compile_triton(four).spill_stores > 8192
 
 
-HOPPER_SHARED_MEMORY = 227 * 1024  # a block's most on an H100 or H200
-
-
 @pytest.mark.parametrize(
     "kernel, shapes",
     [
@@ -314,7 +312,7 @@ def test_a_dot_with_an_operand_held_whole_fits_a_hoppers_shared_memory(kernel, s
         jax.ShapeDtypeStruct(shape, jax.numpy.float32 if len(shape) == 1 else jax.numpy.bfloat16) for shape in shapes
     ]
     (ttir,) = compile_only.triton_ir(functools.partial(function, interpret=False), arguments)
-    assert compile_only.compile_triton(ttir).shared <= HOPPER_SHARED_MEMORY
+    assert compile_only.compile_triton(ttir).shared <= MGPU_SMEM_PER_BLOCK  # an H100's or H200's
 
 
 def test_a_dot_whose_product_row_passes_a_programs_registers_is_refused_naming_mosaic_gpu():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 MIB = 1024 * 1024
 
-# The values a generated function's `gpu_backend` keyword takes; the first is the default
-# until benchmarks/gpu_check.py passes on a Hopper GPU with Mosaic GPU.
+# The values a generated function's `gpu_backend` keyword names (None, its default, lets
+# the kernel choose by the GPU: `support.gpu_kernel`).
 GPU_BACKENDS = ("triton", "mosaic_gpu")
 
 # What a project may generate its kernels for (`[tool.pallasgen] targets`, default all):
@@ -43,7 +43,10 @@ MGPU_BLOCKS_M = (64, 128)  # one warpgroup's wgmma rows, once or twice
 MGPU_BLOCKS_N = (64, 128, 256)  # wgmma's N: a multiple of 8 up to 256
 MGPU_STAGES = (1, 2, 3, 4, 5, 6)
 MGPU_ACCUMULATOR_MOST = 128 * 128  # f32 elements of one warpgroup's accumulator: 128 registers a thread
-MGPU_SMEM_PER_BLOCK = 227 * 1024  # the shared memory an H100 (or H200) gives one block
+# The shared memory a GPU gives one block (KiB), by CUDA compute capability: 227 on Hopper
+# (an H100, an H200) and Blackwell data-centre GPUs; 99 on those not listed.
+SHARED_KIB_BY_CAPABILITY = {(7, 0): 96, (7, 2): 96, (7, 5): 64, (8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}
+MGPU_SMEM_PER_BLOCK = SHARED_KIB_BY_CAPABILITY[9, 0] * 1024  # an H100's (or H200's)
 
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.

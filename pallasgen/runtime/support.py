@@ -69,6 +69,7 @@ from pallasgen.runtime.constants import (
     MGPU_SMEM_PER_BLOCK,
     MGPU_STAGES,
     SCOPED_VMEM_BYTES,
+    SHARED_KIB_BY_CAPABILITY,
     STEP_ELEMENTS,
     STEP_VMEM_BYTES,
     TPU_DEVICE_KINDS,
@@ -143,15 +144,11 @@ def gpu_capability():
     return tuple(int(part) for part in capability.split(".")) if capability else None
 
 
-# Shared memory a block may take (KiB), by compute capability; 227 on Hopper and Blackwell
-# data-centre GPUs, and where no GPU is here (an export: the compile tier's H100).
-_SHARED_KIB = {(7, 0): 96, (7, 2): 96, (7, 5): 64, (8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}
-
-
 def shared_memory_per_block():
-    """The bytes of shared memory a program may take on the GPU being compiled for."""
+    """The bytes of shared memory a program may take on the GPU being compiled for; an
+    H100's where no GPU is here (an export, as the compile tier's)."""
     capability = gpu_capability()
-    return 1024 * (227 if capability is None else _SHARED_KIB.get(capability, 99))
+    return MGPU_SMEM_PER_BLOCK if capability is None else 1024 * SHARED_KIB_BY_CAPABILITY.get(capability, 99)
 
 
 def gpu_options(table, sizes, given):
