@@ -202,8 +202,9 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
             acc_t_lhs = rt.fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
-            acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
-            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+            acc_t = max_t_rescale * acc_t + jnp.dot(
+                acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32
+            )
             sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             return max_t, acc_t, sum_exp_t
@@ -566,7 +567,7 @@ def _attention_backward_dq_gpu_kernel(
         in_t = rt.inside(t_start, block_t, t)
 
         def step():
-            (acc_t,) = running
+            acc_t = running
             k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
@@ -591,14 +592,13 @@ def _attention_backward_dq_gpu_kernel(
                 0,
             )
             acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
-            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-            return (acc_t,)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
+            return acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
@@ -999,13 +999,11 @@ def _attention_backward_dkdv_gpu_kernel(
                 0,
             )
             acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-            acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
-            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, do, preferred_element_type=jnp.float32)
             acc_s_2_lhs = rt.fill_past(
                 (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
             )
-            acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
-            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, q, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1361,7 +1359,7 @@ def _attention_dq_gpu_kernel(
         in_t = rt.inside(t_start, block_t, t)
 
         def step():
-            (acc_t,) = running
+            acc_t = running
             k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
@@ -1376,14 +1374,13 @@ def _attention_dq_gpu_kernel(
                 rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
             )
             acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
-            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-            return (acc_t,)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
+            return acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
@@ -1764,11 +1761,9 @@ def _attention_dkdv_gpu_kernel(
             pt = jnp.exp(st - lse)
             dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
-            acc_s_rhs = rt.fill_past(do, s_start, s, 0, 0, ragged=s % block_s)
-            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, do, preferred_element_type=jnp.float32)
             acc_s_2_lhs = rt.fill_past((pt * (dpt - delta)).astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
-            acc_s_2_rhs = rt.fill_past(q, s_start, s, 0, 0, ragged=s % block_s)
-            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, q, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -2093,8 +2088,7 @@ def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, 
         sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
-        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -2361,10 +2355,9 @@ def _attention_full_backward_dq_gpu_kernel(
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_t):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
-        (acc_t,) = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
@@ -2375,11 +2368,10 @@ def _attention_full_backward_dq_gpu_kernel(
         )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
-        acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-        return (acc_t,)
+        acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
+        return acc_t
 
-    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
@@ -2648,11 +2640,9 @@ def _attention_full_backward_dkdv_gpu_kernel(
         dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
-        acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+        acc_s = acc_s + jnp.dot(acc_s_lhs, do, preferred_element_type=jnp.float32)
         acc_s_2_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
-        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, q, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
     acc_s, acc_s_2 = jax.lax.fori_loop(
@@ -3007,8 +2997,9 @@ def _attention_bottom_right_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s
             sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-            acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
-            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+            acc_t = max_t_rescale * acc_t + jnp.dot(
+                acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32
+            )
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -3368,7 +3359,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
         in_t = rt.inside(t_start, block_t, t)
 
         def step():
-            (acc_t,) = running
+            acc_t = running
             k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
             s = jnp.where(
@@ -3390,14 +3381,13 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
                 0,
             )
             acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
-            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-            return (acc_t,)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
+            return acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
-    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
@@ -3803,13 +3793,11 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
                 0,
             )
             acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-            acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
-            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, do, preferred_element_type=jnp.float32)
             acc_s_2_lhs = rt.fill_past(
                 (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
             )
-            acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
-            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+            acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, q, preferred_element_type=jnp.float32)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -4141,8 +4129,7 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_
         sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
-        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32)
         return max_t, sum_exp_t, acc_t
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
@@ -4400,10 +4387,9 @@ def _gqa_backward_dq_gpu_kernel(
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_t):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
-        (acc_t,) = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
@@ -4414,11 +4400,10 @@ def _gqa_backward_dq_gpu_kernel(
         )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
-        acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-        return (acc_t,)
+        acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
+        return acc_t
 
-    (acc_t,) = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),))
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
@@ -4693,11 +4678,9 @@ def _gqa_backward_dkdv_gpu_kernel(
         dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
-        acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+        acc_s = acc_s + jnp.dot(acc_s_lhs, do, preferred_element_type=jnp.float32)
         acc_s_2_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
-        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, q, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
     acc_s, acc_s_2 = jax.lax.fori_loop(
@@ -5102,18 +5085,15 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_k):
         k_start = index * block_k
         in_k = rt.inside(k_start, block_k, k)
-        (acc_k,) = running
         x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
         w = rt.load(w_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
-        acc_k_lhs = rt.fill_past(x, k_start, k, 1, 0, ragged=k % block_k)
-        acc_k_rhs = rt.fill_past(w, k_start, k, 0, 0, ragged=k % block_k)
-        acc_k = acc_k + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
-        return (acc_k,)
+        acc_k = acc_k + jnp.dot(x, w, preferred_element_type=jnp.float32)
+        return acc_k
 
-    (acc_k,) = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),))
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
 
 

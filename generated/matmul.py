@@ -754,22 +754,18 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_n):
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
-        (acc_n,) = running
         acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        return (acc_n,)
+        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc_n
 
-    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
@@ -981,22 +977,18 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_m):
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
-        (acc_m,) = running
         acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
-        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
         acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
-        acc_m = acc_m + jax.lax.dot_general(
-            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        return (acc_m,)
+        acc_m = acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc_m
 
-    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
+    acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
@@ -1389,10 +1381,9 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_n):
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
-        (acc_n,) = running
         acc = rt.load(acc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         bias = rt.load(bias_ref.at[:, pl.ds(n_start, block_n)], (None, in_n), other=0)
         dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
@@ -1404,13 +1395,10 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        return (acc_n,)
+        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc_n
 
-    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
@@ -1687,11 +1675,8 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(acc_ref, bias_ref, dz_ref, x_ref, dy
             0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         dacc = dz_1.astype(jnp.bfloat16)
-        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
         acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
-        acc_m = acc_m + jax.lax.dot_general(
-            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        acc_m = acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         sum_m_block = rt.fill_past(dz_1, m_start, m, 0, 0.0, ragged=m % block_m)
         sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return acc_m, sum_m
@@ -2286,21 +2271,17 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_n):
         n_start = index * block_n
         in_n = rt.inside(n_start, block_n, n)
-        (acc_n,) = running
         dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(
-            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        return (acc_n,)
+        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc_n
 
-    (acc_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),))
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
@@ -2511,21 +2492,17 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
 
-    def accumulate(index, running):
+    def accumulate(index, acc_m):
         m_start = index * block_m
         in_m = rt.inside(m_start, block_m, m)
-        (acc_m,) = running
         dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = dz.astype(jnp.bfloat16)
-        acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
         acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
-        acc_m = acc_m + jax.lax.dot_general(
-            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        return (acc_m,)
+        acc_m = acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc_m
 
-    (acc_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),))
+    acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 

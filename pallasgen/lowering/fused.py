@@ -126,9 +126,21 @@ class FusedLowering:
     `placement` keeps the running values; `emitter_for(overrides)` makes an emitter."""
 
     def __init__(
-        self, lowered, namer, spelling: FrameSpelling, extents, placement: Placement, emitter_for, load, mosaic=False
+        self,
+        lowered,
+        namer,
+        spelling: FrameSpelling,
+        extents,
+        placement: Placement,
+        emitter_for,
+        load,
+        mosaic=False,
+        loads_fill_zeros=False,
     ):
         self.lowered, self.namer, self.spelling = lowered, namer, spelling
+        # Whether `load` reads 0 past an input's end (Triton's masked loads): a product's
+        # operand that is such a load, or a cast of one, needs no filling of its own.
+        self.loads_fill_zeros = loads_fill_zeros
         self.checked = lowered.checked
         self.fused: FusedKernel = self.checked.frame
         self.extents, self.placement, self.emitter_for, self.load = extents, placement, emitter_for, load
@@ -169,13 +181,23 @@ class FusedLowering:
         """`value`, a product's operand, with 0 past the swept dimension's end on a ragged
         last block; on Mosaic, a 16- or 8-bit one selected in 32 bits (it cannot select
         such blocks of fewer than 5 rows)."""
+        if self.loads_fill_zeros and self._loaded(node):
+            return value
         size = self.lowered.sizes[self.checked.sweep.dim]
         dtype = DTYPES[tpu_dtype(self.types[node].dtype.name)]  # f16 is computed as f32 there
         if not self.mosaic_product or dtype.bits >= 32:
             return f"rt.fill_past({value}, {self.start}, {size}, {axis}, 0, ragged={self.ragged})"
         wide = F32 if dtype.is_float else "jnp.int32"
-        filled = f"rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
+        filled = (
+            f"rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
+        )
         return f"{filled} if {self.ragged} else {value}"
+
+    def _loaded(self, node: ir.Expr) -> bool:
+        """Whether a value is an input as loaded, or a cast of one."""
+        while isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "cast":
+            node = node.args[0]
+        return isinstance(node, ir.Name) and node.id in {d.name for d in self.checked.kernel.inputs}
 
     def _operands(self, node, emitter) -> tuple[str, str]:
         """Both operands, converted to their common dtype as jnp.matmul would."""
@@ -360,12 +382,18 @@ class FusedLowering:
             product = self.fused.products[carry.node]
             lhs, rhs = self._operands(carry.node, emitter)
             base = names[0].removesuffix("_ref")
-            left, right = self.namer.claim(f"{base}_lhs"), self.namer.claim(f"{base}_rhs")
-            lines = [
-                f"{left} = {self._fill_operand(lhs, product.lhs, product.lhs_contracts)}",
-                f"{right} = {self._fill_operand(rhs, product.rhs, product.rhs_contracts)}",
-            ]
-            term = self._product_term(product, left, right, self._accumulate(carry.node))
+            lines, operands = [], []
+            for side, code, node, axis in (
+                ("lhs", lhs, product.lhs, product.lhs_contracts),
+                ("rhs", rhs, product.rhs, product.rhs_contracts),
+            ):
+                filled = self._fill_operand(code, node, axis)
+                if filled != code:  # a filled operand is named: the product reads it
+                    operands.append(self.namer.claim(f"{base}_{side}"))
+                    lines.append(f"{operands[-1]} = {filled}")
+                else:
+                    operands.append(code)
+            term = self._product_term(product, *operands, self._accumulate(carry.node))
             kept = f"{scale} * {read[0]}" if scale else read[0]
             return lines + [self.placement.write(names[0], f"{kept} + {term}")]
         axis = self._axis(carry.value, dim)

@@ -156,7 +156,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     def emitter_for(overrides):
         return lowered.emitter(spelling=spelling, overrides=overrides)
 
-    lowering = FusedLowering(lowered, namer, spelling, extents, Placement(), emitter_for, load)
+    lowering = FusedLowering(lowered, namer, spelling, extents, Placement(), emitter_for, load, loads_fill_zeros=True)
     loop: list[str] = []
     if swept:
         code = lowering.swept(store, sweep_start, f"{sizes[swept]} % {block_keyword(swept)}")
@@ -243,12 +243,15 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
     """The program's loop over the blocks of `dim`, carrying the running values; a block
     the skip condition rules out leaves them as they are."""
     index, function, step = namer.claim("index"), namer.claim("accumulate"), namer.claim("step")
-    names = [r.name for r in code.running]
-    carried = ", ".join(names) + ("," if len(names) == 1 else "")
-    initial = [f"jnp.full({r.shape}, {r.initial}, {r.dtype})" for r in code.running]
+    carried = ", ".join(r.name for r in code.running)  # a lone running value is carried bare
+    initial = ", ".join(f"jnp.full({r.shape}, {r.initial}, {r.dtype})" for r in code.running)
+    initial = f"({initial})" if len(code.running) > 1 else initial
     block = block_keyword(dim)
+    # A lone running value the step reassigns needs no unpacking where no cond wraps the step.
+    running = carried if len(code.running) == 1 and not code.skip else "running"
+    unpack = [] if running == carried else [f"{carried} = running"]
     body = [
-        f"def {function}({index}, running):",
+        f"def {function}({index}, {running}):",
         f"    {start} = {index} * {block}",
         f"    {inside[dim]} = rt.inside({start}, {block}, {sizes[dim]})",
     ]
@@ -256,7 +259,7 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
         body += [
             "",
             f"    def {step}():",
-            f"        {carried} = running",
+            *(f"        {line}" for line in unpack),
             *(f"        {line}" for line in code.step),
             f"        return {carried}",
             "",
@@ -264,12 +267,12 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
             f"    return jax.lax.cond({code.skip}, {step}, lambda: running)",
         ]
     else:
-        body += [f"    {carried} = running", *(f"    {line}" for line in code.step), f"    return {carried}"]
+        body += [*(f"    {line}" for line in unpack), *(f"    {line}" for line in code.step), f"    return {carried}"]
     return [
         *code.before,
         *body,
         "",
-        f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(initial)}{',' if len(initial) == 1 else ''}))",
+        f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, {initial})",
     ]
 
 
