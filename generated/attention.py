@@ -234,13 +234,13 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -619,17 +619,17 @@ def _attention_backward_dq_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # dlse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # dlse: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -1029,16 +1029,16 @@ def _attention_backward_dkdv_gpu(
         # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -1397,16 +1397,16 @@ def _attention_dq_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -1789,16 +1789,16 @@ def _attention_dkdv_gpu(
         # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -2117,14 +2117,14 @@ def _attention_full_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
             # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)) if residuals else None,
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
@@ -2368,8 +2368,7 @@ def _attention_full_backward_dq_gpu_kernel(
         )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
-        return acc_t
+        return acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
@@ -2390,16 +2389,16 @@ def _attention_full_backward_dq_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -2667,16 +2666,16 @@ def _attention_full_backward_dkdv_gpu(
         # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -3031,14 +3030,14 @@ def _attention_bottom_right_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
             # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)) if residuals else None,
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
@@ -3406,16 +3405,16 @@ def _attention_bottom_right_backward_dq_gpu(
         # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dq: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # delta: f32[B, H, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
@@ -3825,16 +3824,16 @@ def _attention_bottom_right_backward_dkdv_gpu(
         # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
         ],
         out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),  # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
@@ -4158,15 +4157,15 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
             # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)) if residuals else None,
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i: (b, g, r, i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
@@ -4400,8 +4399,7 @@ def _gqa_backward_dq_gpu_kernel(
         )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
-        return acc_t
+        return acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
@@ -4422,21 +4420,19 @@ def _gqa_backward_dq_gpu(
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
             # o: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
             # do: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),  # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
         ],
         out_specs=(
             # dq: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
-            pl.BlockSpec(
-                (None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)
-            ),  # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i: (b, g, r, i, 0)),  # delta: f32[B, G, R, S]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
@@ -4705,19 +4701,19 @@ def _gqa_backward_dkdv_gpu(
         grid=(b, g, r, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),  # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0)),  # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0)),  # v: bf16[B, G, T, D]
             # do: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),  # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),  # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0)),  # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0)),  # delta: f32[B, G, R, S]
         ],
         out_specs=(
             # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
             # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)),
+            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
         ),
         out_shape=(
             jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
@@ -5090,8 +5086,7 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_k):
         in_k = rt.inside(k_start, block_k, k)
         x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
         w = rt.load(w_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
-        acc_k = acc_k + jnp.dot(x, w, preferred_element_type=jnp.float32)
-        return acc_k
+        return acc_k + jnp.dot(x, w, preferred_element_type=jnp.float32)
 
     acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
     rt.store(y_ref, rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1), (in_m, in_n))
@@ -5113,10 +5108,10 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
         # of two). Each loops over the blocks of K itself, carrying running values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            pl.BlockSpec((block_m, k), lambda i0: (i0, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((k, block_n), lambda i0: (0, 0)),  # w: bf16[K, N]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((k, block_n), lambda i: (0, 0)),  # w: bf16[K, N]
         ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0: (i0, 0)),  # y: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5493,23 +5488,23 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
     block_m, block_k = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
-    inside = rt.mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
-        w = rt.load(w_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, n)
+        dacc = rt.load(dacc_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
+        return acc_n + jax.lax.dot_general(dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
-    rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
 def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dacc: bf16[M, N]
@@ -5655,23 +5650,23 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
     block_k, block_n = dw_ref.shape
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_k, block_n), in_k, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        dacc = rt.load(dacc_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        return acc + jax.lax.dot_general(x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
+        dacc = rt.load(dacc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        return acc_m + jax.lax.dot_general(x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
-    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
+    rt.store(dw_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
 
 
 def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
@@ -5833,11 +5828,11 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
         # next power of two).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((1, block_k), lambda i0, i1: (0, 0)),  # g: f32[K]
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (0, i1)),  # w: bf16[K, N]
+            pl.BlockSpec((block_m, block_k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, block_k), lambda i, j: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((block_k, block_n), lambda i, j: (0, j)),  # w: bf16[K, N]
         ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i0, i1: (i0, i1)),  # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -6237,7 +6232,8 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -6331,7 +6327,8 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # lhs: bf16[M, K], read transposed

@@ -90,24 +90,24 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(k_start, block_k)], (in_n, in_k), other=0)
+        return acc_k + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    rt.store(z_ref, acc, inside)
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
+    rt.store(z_ref, acc_k, (in_m, in_n))
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
+        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -251,23 +251,23 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
-    inside = rt.mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dz = rt.load(dz_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
-        y = rt.load(y_ref.at[:, pl.ds(start, block_n)], (in_k, in_n), other=0)
-        return acc + jax.lax.dot_general(dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, n)
+        dz = rt.load(dz_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
+        return acc_n + jax.lax.dot_general(dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
-    rt.store(dx_ref, acc, inside)
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
+    rt.store(dx_ref, acc_n, (in_m, in_k))
 
 
 def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
@@ -397,17 +397,16 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_m):
     block_k, block_n = dy_ref.shape
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_k, block_n), in_k, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        x = rt.load(x_ref.at[:, pl.ds(start, block_m)], (in_k, in_m), other=0)
-        dz = rt.load(dz_ref.at[:, pl.ds(start, block_m)], (in_n, in_m), other=0)
-        return acc + jax.lax.dot_general(x, dz, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[:, pl.ds(m_start, block_m)], (in_k, in_m), other=0)
+        dz = rt.load(dz_ref.at[:, pl.ds(m_start, block_m)], (in_n, in_m), other=0)
+        return acc_m + jax.lax.dot_general(x, dz, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32))
-    rt.store(dy_ref, acc, inside)
+    acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
+    rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
 def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
@@ -415,10 +414,11 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; each loops over M itself (Triton has no scratch memory).
+        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
+            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], read transposed, swapped to [K, M]
             pl.BlockSpec((block_n, m), lambda i, j: (j, 0)),  # dz: f32[M, N], swapped to [N, M]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
@@ -561,27 +561,27 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, product):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return product + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(k_start, block_k)], (in_n, in_k), other=0)
+        return acc_k + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    acc = product
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
+    acc = acc_k
     if acc_ref is not None:
-        rt.store(acc_ref, acc, inside)
-    rt.store(z_ref, jax.nn.relu(acc), inside)
+        rt.store(acc_ref, acc, (in_m, in_n))
+    rt.store(z_ref, jax.nn.relu(acc), (in_m, in_n))
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, residuals, interpret):
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
+        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -762,8 +762,7 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc_n
+        return acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n, (in_m, in_k))
@@ -776,11 +775,11 @@ def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: f32[M, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: f32[K, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N]
         ],
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: f32[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -982,28 +981,28 @@ def _matmul_relu_backward_y_gpu_kernel(acc_ref, dz_ref, x_ref, dy_ref, *, k, n, 
         in_m = rt.inside(m_start, block_m, m)
         acc = rt.load(acc_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
         dz = rt.load(dz_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
-        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
+        x = rt.load(x_ref.at[:, pl.ds(m_start, block_m)], (in_k, in_m), other=0)
         dacc = jnp.where(acc > 0, dz, 0)
         acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
-        acc_m = acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc_m
+        return acc_m + jnp.dot(x, acc_m_rhs, preferred_element_type=jnp.float32)
 
     acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
     rt.store(dy_ref, acc_m, (in_k, in_n))
 
 
 def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
+    x = jnp.swapaxes(x, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
         # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
         # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: f32[M, N]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: f32[M, K]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: f32[M, N]
+            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
         ],
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: f32[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1166,21 +1165,20 @@ def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, product):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
+        return acc_k + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    product = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, (None, in_n))
-    acc = product
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
+    bias = rt.load(bias_ref, (None, in_n), other=0)
+    acc = acc_k
     if acc_ref is not None:
-        rt.store(acc_ref, acc, inside)
-    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+        rt.store(acc_ref, acc, (in_m, in_n))
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), (in_m, in_n))
 
 
 def _matmul_bias_gelu_gpu(
@@ -1188,7 +1186,8 @@ def _matmul_bias_gelu_gpu(
 ):
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
+        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -1395,8 +1394,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx
         )
         dacc = dz_1.astype(jnp.bfloat16)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc_n
+        return acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
@@ -1411,12 +1409,12 @@ def _matmul_bias_gelu_backward_x_gpu(
         # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # acc: f32[M, N]
-            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),  # bias: f32[N]
-            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),  # dz: bf16[M, N]
-            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),  # y: bf16[K, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
+            pl.BlockSpec((1, n), lambda i, j: (0, 0)),  # bias: f32[N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: bf16[M, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: bf16[K, N]
         ],
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),  # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1700,14 +1698,14 @@ def _matmul_bias_gelu_backward_y_gpu(
         # itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # acc: f32[M, N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # bias: f32[N]
-            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),  # dz: bf16[M, N]
-            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),  # x: bf16[M, K]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: bf16[M, N]
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K]
         ],
         out_specs=(
-            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),  # dy: bf16[K, N]
-            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),  # dbias: f32[N]
+            pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: bf16[K, N]
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # dbias: f32[N]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
@@ -1958,24 +1956,24 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[:, pl.ds(k_start, block_k)], (in_n, in_k), other=0)
+        return acc_k + jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
-    rt.store(z_ref, acc, inside)
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.int32))
+    rt.store(z_ref, acc_k, (in_m, in_n))
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
+        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
@@ -2107,24 +2105,23 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
     block_m, block_n = z_ref.shape
     in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        y = rt.load(y_ref.at[pl.ds(start, block_k), :], (in_k, in_n), other=0)
-        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        y = rt.load(y_ref.at[pl.ds(k_start, block_k), :], (in_k, in_n), other=0)
+        return acc_k + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    rt.store(z_ref, acc, inside)
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
+    rt.store(z_ref, acc_k, (in_m, in_n))
 
 
 def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per element of B, block of M, block of N; each loops over K itself (Triton has no scratch
-        # memory).
+        # One program per element of B, block of M, block of N; programs run concurrently. Each loops over the
+        # blocks of K itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
@@ -2278,8 +2275,7 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
         y = rt.load(y_ref.at[:, pl.ds(n_start, block_n)], (in_k, in_n), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-        acc_n = acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc_n
+        return acc_n + jax.lax.dot_general(acc_n_lhs, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
     rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
@@ -2292,10 +2288,10 @@ def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block
         # blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),  # y: bf16[B, K, N]
+            pl.BlockSpec((None, block_m, n), lambda b, i, j: (b, i, 0)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_k, n), lambda b, i, j: (b, j, 0)),  # y: bf16[B, K, N]
         ],
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),  # dx: bf16[B, M, K]
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2499,8 +2495,7 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
         x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
         dacc = dz.astype(jnp.bfloat16)
         acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
-        acc_m = acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc_m
+        return acc_m + jax.lax.dot_general(x, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_k, block_n), 0, jnp.float32))
     rt.store(dy_ref, acc_m.astype(jnp.bfloat16), (in_k, in_n))
@@ -2513,10 +2508,10 @@ def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block
         # blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, m, block_n), lambda b, i, j: (b, 0, j)),  # dz: f32[B, M, N]
+            pl.BlockSpec((None, m, block_k), lambda b, i, j: (b, 0, i)),  # x: bf16[B, M, K]
         ],
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),  # dy: bf16[B, K, N]
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2684,24 +2679,23 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
     block_s, block_t = s_ref.shape
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
-    inside = rt.mask((block_s, block_t), in_s, in_t)
 
-    def accumulate(step, acc):
-        start = step * block_d
-        in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
-        q = rt.load(q_ref.at[:, pl.ds(start, block_d)], (in_s, in_d), other=0)
-        k = rt.load(k_ref.at[:, pl.ds(start, block_d)], (in_t, in_d), other=0)
-        return acc + jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_d):
+        d_start = index * block_d
+        in_d = rt.inside(d_start, block_d, d)
+        q = rt.load(q_ref.at[:, pl.ds(d_start, block_d)], (in_s, in_d), other=0)
+        k = rt.load(k_ref.at[:, pl.ds(d_start, block_d)], (in_t, in_d), other=0)
+        return acc_d + jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
-    rt.store(s_ref, acc * scale, inside)
+    acc_d = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.full((block_s, block_t), 0, jnp.float32))
+    rt.store(s_ref, acc_d * scale, (in_s, in_t))
 
 
 def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
     return pl.pallas_call(
         functools.partial(_scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale),
-        # One program per element of B, block of S, block of T; each loops over D itself (Triton has no scratch
-        # memory).
+        # One program per element of B, block of S, block of T; programs run concurrently. Each loops over the
+        # blocks of D itself, carrying running values.
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
@@ -2945,24 +2939,23 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
-    inside = rt.mask((block_s, block_d), in_s, in_d)
 
-    def accumulate(step, acc):
-        start = step * block_t
-        in_t = rt.inside(start, block_t, t)  # zeros past a ragged T
-        dacc = rt.load(dacc_ref.at[:, pl.ds(start, block_t)], (in_s, in_t), other=0)
-        k = rt.load(k_ref.at[pl.ds(start, block_t), :], (in_t, in_d), other=0)
-        return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
+    def accumulate(index, acc_t):
+        t_start = index * block_t
+        in_t = rt.inside(t_start, block_t, t)
+        dacc = rt.load(dacc_ref.at[:, pl.ds(t_start, block_t)], (in_s, in_t), other=0)
+        k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
+        return acc_t + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32))
-    rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
+    acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
 
 def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
-        # One program per element of B, block of S, block of D; each loops over T itself (Triton has no scratch
-        # memory).
+        # One program per element of B, block of S, block of D; programs run concurrently. Each loops over the
+        # blocks of T itself, carrying running values.
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
@@ -3101,24 +3094,23 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
-    inside = rt.mask((block_t, block_d), in_t, in_d)
 
-    def accumulate(step, acc):
-        start = step * block_s
-        in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
-        dacc = rt.load(dacc_ref.at[pl.ds(start, block_s), :], (in_s, in_t), other=0)
-        q = rt.load(q_ref.at[pl.ds(start, block_s), :], (in_s, in_d), other=0)
-        return acc + jax.lax.dot_general(dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_s):
+        s_start = index * block_s
+        in_s = rt.inside(s_start, block_s, s)
+        dacc = rt.load(dacc_ref.at[pl.ds(s_start, block_s), :], (in_s, in_t), other=0)
+        q = rt.load(q_ref.at[pl.ds(s_start, block_s), :], (in_s, in_d), other=0)
+        return acc_s + jax.lax.dot_general(dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32))
-    rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
+    acc_s = jax.lax.fori_loop(0, pl.cdiv(s, block_s), accumulate, jnp.full((block_t, block_d), 0, jnp.float32))
+    rt.store(dk_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
 
 
 def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
-        # One program per element of B, block of T, block of D; each loops over S itself (Triton has no scratch
-        # memory).
+        # One program per element of B, block of T, block of D; programs run concurrently. Each loops over the
+        # blocks of S itself, carrying running values.
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),  # dacc: bf16[B, S, T], read transposed
@@ -3261,24 +3253,24 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_k
-        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
-        x = rt.load(x_ref.at[:, pl.ds(start, block_k)], (in_m, in_k), other=0)
-        w = rt.load(w_ref.at[:, pl.ds(start, block_k)], (in_n, in_k), other=0)
-        return acc + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_k):
+        k_start = index * block_k
+        in_k = rt.inside(k_start, block_k, k)
+        x = rt.load(x_ref.at[:, pl.ds(k_start, block_k)], (in_m, in_k), other=0)
+        w = rt.load(w_ref.at[:, pl.ds(k_start, block_k)], (in_n, in_k), other=0)
+        return acc_k + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = rt.load(bias_ref, (None, in_n))
-    rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
+    acc_k = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.full((block_m, block_n), 0, jnp.float32))
+    bias = rt.load(bias_ref, (None, in_n), other=0)
+    rt.store(y_ref, (acc_k + bias).astype(jnp.bfloat16), (in_m, in_n))
 
 
 def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; each loops over K itself (Triton has no scratch memory).
+        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -3569,23 +3561,23 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
     block_m, block_k = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
-    inside = rt.mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
-        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n), other=0)
-        w = rt.load(w_ref.at[pl.ds(start, block_n), :], (in_n, in_k), other=0)
-        return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
+    def accumulate(index, acc_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, n)
+        dy = rt.load(dy_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n), other=0)
+        w = rt.load(w_ref.at[pl.ds(n_start, block_n), :], (in_n, in_k), other=0)
+        return acc_n + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32))
-    rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    acc_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, block_k), 0, jnp.float32))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), (in_m, in_k))
 
 
 def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; each loops over N itself (Triton has no scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
+        # itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -3718,23 +3710,23 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
     block_n, block_k = dw_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
-    inside = rt.mask((block_n, block_k), in_n, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n), other=0)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k), other=0)
-        return acc + jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    def accumulate(index, acc_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        dy = rt.load(dy_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n), other=0)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k), other=0)
+        return acc_m + jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32))
-    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    acc_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((block_n, block_k), 0, jnp.float32))
+    rt.store(dw_ref, acc_m.astype(jnp.bfloat16), (in_n, in_k))
 
 
 def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
-        # One program per block of N, block of K; each loops over M itself (Triton has no scratch memory).
+        # One program per block of N, block of K; programs run concurrently. Each loops over the blocks of M
+        # itself, carrying running values.
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed

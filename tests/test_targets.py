@@ -173,6 +173,36 @@ def test_a_triton_only_module_interprets_its_triton_kernels_on_cpu(tmp_path):
     np.testing.assert_allclose(grad, jnp.ones_like(x))
 
 
+BATCHED = """kernel batched {
+    in  x: f32[B, M, K]
+    in  y: f32[B, K, N]
+    out z: f32[B, M, N]
+    z = x @ y
+    block M = 64, N = 64, K = 64
+}
+"""
+
+
+def test_a_triton_only_product_steps_its_batch_without_block_b_1(tmp_path, monkeypatch):
+    """Only the TPU's checks ask for `block B = 1`; Triton's product, planned as carried
+    state, takes one element of B per program whatever the TPU's blocks say."""
+    root = make_project(tmp_path / "batched", '["triton"]', BATCHED)
+    pallasgen.build(project=root, use_cache=False)
+    module = load(root / "out" / "kernels.py", "targets_triton_batched")
+    x = np.random.default_rng(0).standard_normal((3, 40, 72))
+    y = np.random.default_rng(1).standard_normal((3, 72, 24))
+    z = module.batched(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), gpu_block_m=16, gpu_block_k=32)
+    np.testing.assert_allclose(z, np.einsum("bmk,bkn->bmn", x, y), rtol=1e-4, atol=1e-4)
+    with_tpu = make_project(
+        tmp_path / "with_tpu",
+        '["tpu", "triton"]',
+        BATCHED.replace("M = 64, N = 64, K = 64", "M = 64, N = 128, K = 128"),
+    )
+    monkeypatch.chdir(with_tpu)
+    result = CliRunner().invoke(main, ["build"])
+    assert result.exit_code == 2 and "write block B = 1" in result.output
+
+
 def test_a_mosaic_gpu_only_module_defaults_to_it_and_refuses_cpu(tmp_path):
     path = built(tmp_path, '["mosaic_gpu"]', "mosaic_only")
     text = path.read_text()

@@ -140,9 +140,12 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     frame = None
     if product is not None and not found:  # its tiles, from its operands' types too
         types = {**infer_body(kernel, space.names, None)[0], **types}
-        # None where it has none: a batch dimension not blocked by 1, which the TPU's checks
-        # refuse (a kernel checked without them, as a Mosaic GPU stage, plans no TPU kernel).
-        frame, _ = analyze_fused(kernel, types, space.names, blocks)
+        # Its batch dimensions take one element per step whatever the TPU's blocks say (the
+        # TPU's checks ask for `block B = 1`; a kernel checked without them, as a Mosaic GPU
+        # stage or for GPU targets only, steps them so too).
+        one_each = {d: 1 for d in batch_dims(product)}
+        frame, problems = analyze_fused(kernel, types, space.names, {**blocks, **one_each})
+        found.extend(problems)
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
 
 

@@ -11,6 +11,7 @@ modules (tests/test_layers.py checks)."""
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -25,6 +26,19 @@ from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import tuple_code
 from pallasgen.lowering.signature import KeywordGroup
 from pallasgen.runtime.constants import TARGETS
+
+
+def frame_grid_names(grid, batch) -> dict[str, str]:
+    """Names of a carried-state kernel's grid indices in index maps: a batch dimension's
+    own (b, h), i, j, k for the others, then i3, i4, ..."""
+    names: dict[str, str] = {}
+    roles = itertools.chain("ijk", (f"i{n}" for n in itertools.count(3)))
+    for dim in grid:
+        wanted = dim.lower() if dim in batch else next(roles)
+        while wanted in names.values():
+            wanted += "_"
+        names[dim] = wanted
+    return names
 
 
 @dataclass(frozen=True)

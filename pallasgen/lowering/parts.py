@@ -6,7 +6,7 @@ import re
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.product import Product
-from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.pyexpr import Emitter
 
 ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 # Black's line length for generated code (the project's own); every width a plan wraps
@@ -38,9 +38,7 @@ def unpacked_results(running: list[str], finishes: list[tuple[str, str]]) -> tup
     out are `_`."""
     direct = {code: result for result, code in finishes if code in running}
     read = " ".join(code for result, code in finishes if code not in running)
-    targets = [
-        direct.get(name, name if re.search(rf"\b{name}\b", read) else "_") for name in running
-    ]
+    targets = [direct.get(name, name if re.search(rf"\b{name}\b", read) else "_") for name in running]
     lines = [f"{result} = {code}" for result, code in finishes if code not in running]
     return ", ".join(targets) + ("," if len(targets) == 1 else ""), lines
 
@@ -67,38 +65,18 @@ def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | 
     return tuple(d if d in decl.dims else None for d in out_dims)
 
 
-def array_positions(decl: ir.ArrayDecl, out_dims, product: Product | None) -> list[tuple[str | None, str | None]]:
-    """Each blocked axis of an array: (its dimension or None where it broadcasts, the output
-    dimension at that axis, or None for a product operand's own axes)."""
-    layout = layout_of(decl, out_dims, product)
-    if product is not None and decl.name in {o.name for o in product.operands}:
-        return [(d, d if d in out_dims[:-2] else None) for d in layout]
-    return list(zip(layout, out_dims))
+def array_positions(decl: ir.ArrayDecl, out_dims) -> list[tuple[str | None, str | None]]:
+    """Each blocked axis of an array without a product: (its dimension or None where it
+    broadcasts, the output dimension at that axis)."""
+    return list(zip(layout_of(decl, out_dims, None), out_dims))
 
 
-def grid_names(grid_dims, product: Product | None) -> dict[str, str]:
-    """Names of the grid indices in index maps: i, j, k for a product's M, N, K, b for batch."""
-    if product is None:  # past the letters, numbered: i10, i11, ...
-        return {
-            d: ELEMENTWISE_GRID_NAMES[n] if n < len(ELEMENTWISE_GRID_NAMES) else f"i{n}"
-            for n, d in enumerate(grid_dims)
-        }
-    roles = {product.m: "i", product.n: "j", product.k: "k"}
-    batch = [d for d in grid_dims if d not in roles]
-    batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
-    return {d: roles.get(d) or batch_names[batch.index(d)] for d in grid_dims}
-
-
-def dot_code(product: Product, lhs: str, rhs: str) -> str:
-    """The product of two loaded tiles, in the accumulator's dtype."""
-    accumulate = jnp_dtype(product.accumulator.name)
-    if not product.lhs.transposed and not product.rhs.transposed:
-        return f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})"
-    contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
-    return (
-        f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
-        f" preferred_element_type={accumulate})"
-    )
+def grid_names(grid_dims) -> dict[str, str]:
+    """Names of the grid indices in index maps: i, j, k, ..., past the letters numbered
+    (i10, i11, ...)."""
+    return {
+        d: ELEMENTWISE_GRID_NAMES[n] if n < len(ELEMENTWISE_GRID_NAMES) else f"i{n}" for n, d in enumerate(grid_dims)
+    }
 
 
 def tuple_code(items) -> str:

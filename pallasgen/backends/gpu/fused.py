@@ -7,12 +7,13 @@ power of two, and every load and store that can overhang its array is masked."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
-from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.dtypes import promote
-from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.checks import CheckedKernel, sweep_of
+from pallasgen.analysis.dtypes import DTYPES, promote
+from pallasgen.analysis.fused import FusedKernel, array_axes
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
 from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword
 from pallasgen.backends.gpu.plan import (
     GPU_DOC,
@@ -38,13 +39,32 @@ from pallasgen.lowering.signature import Keyword, KeywordGroup
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
 
 
+def as_triton_sweeps(checked: CheckedKernel) -> CheckedKernel:
+    """The kernel as a Triton program computes it: where the TPU takes a lone product's
+    contracted dimension whole (unblocked) and sweeps nothing, the program loops over its
+    blocks all the same (its operands held whole outgrow shared memory at large sizes)."""
+    products = list(checked.frame.products.values())
+    if checked.sweep is not None or len(products) != 1 or products[0].k in checked.blocks:
+        return checked
+    k = products[0].k
+    if k not in checked.settings["gpu"].blocks:
+        return checked
+    blocks = {**checked.blocks, k: checked.settings["gpu"].blocks[k]}
+    sweep, problems = sweep_of(checked.kernel, checked.types, blocks, checked.frame.batch)
+    if problems or sweep is None:
+        return checked
+    return replace(checked, blocks=blocks, sweep=sweep)
+
+
 def tunable_dims(checked: CheckedKernel) -> list[str]:
+    checked = as_triton_sweeps(checked)
     return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def whole_dims(checked: CheckedKernel) -> list[str]:
     """Tile dimensions a program holds whole, in one block of the next power of two."""
-    fused = checked.fused
+    checked = as_triton_sweeps(checked)
+    fused = checked.frame
     tiles = {a for axes in fused.frame.values() for a in axes if a}
     tiles |= {d for decl in checked.kernel.inputs + checked.kernel.outputs for d in decl.dims if d not in fused.batch}
     return [d for d in checked.dims if d in tiles and d not in checked.blocks]
@@ -57,7 +77,7 @@ def dot_depth(checked: CheckedKernel, dim: str) -> int:
     return max(
         (
             SMALLEST_INT8_DOT_DEPTH if promote(types[p.lhs].dtype, types[p.rhs].dtype).bits == 8 else SMALLEST_DOT_TILE
-            for p in checked.fused.products.values()
+            for p in checked.frame.products.values()
             if p.k == dim
         ),
         default=1,
@@ -84,14 +104,60 @@ def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
     return KeywordGroup((*blocks, *options), GPU_DOC)
 
 
+def k_major_swaps(checked: CheckedKernel) -> frozenset[str]:
+    """The inputs the launcher swaps to K-major (their last two axes): those of 32 or 8 bits
+    read only as products' operands whose tiles hold the contracted dimension first (x.T's
+    [K, M], y's [K, N]). Hopper's wgmma transposes a shared-memory tile of 16-bit values
+    only; Triton moves any other through shared memory a byte or a word at a time, which
+    left f32 products at 0.17x and int8 at 0.27x of XLA on an H200 (benchmarks/RESULTS.md).
+    The swap is one pass over the operand in HBM, as Mosaic GPU's launchers make it."""
+    fused = checked.frame
+    contracted = {p.lhs: p.lhs_contracts for p in fused.products.values()}
+    contracted |= {p.rhs: p.rhs_contracts for p in fused.products.values()}
+    uses: dict[str, list[ir.Expr]] = {}
+    for node in ir.walk(*(s.value for s in checked.kernel.body)):
+        if isinstance(node, ir.Name):
+            uses.setdefault(node.id, []).append(node)
+    return frozenset(
+        d.name
+        for d in checked.kernel.inputs
+        if DTYPES[d.dtype].bits != 16
+        and d.name in uses
+        and all(contracted.get(node) == 0 and None not in fused.frame[node] for node in uses[d.name])
+    )
+
+
+def _swapped(fused: FusedKernel, swapped: frozenset[str]) -> FusedKernel:
+    """The frame as the kernel sees it once the `swapped` inputs have their last two axes
+    swapped: their tiles' axes reversed, the products contracting their other axis."""
+
+    def turned(node) -> bool:
+        return isinstance(node, ir.Name) and node.id in swapped
+
+    frame = {node: axes[::-1] if turned(node) else axes for node, axes in fused.frame.items()}
+    products = {
+        node: replace(
+            p,
+            lhs_contracts=1 - p.lhs_contracts if turned(p.lhs) else p.lhs_contracts,
+            rhs_contracts=1 - p.rhs_contracts if turned(p.rhs) else p.rhs_contracts,
+        )
+        for node, p in fused.products.items()
+    }
+    return replace(fused, frame=frame, products=products)
+
+
 def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
+    lowered = replace(lowered, checked=as_triton_sweeps(lowered.checked))
+    swapped = k_major_swaps(lowered.checked)
+    if swapped:
+        lowered = replace(lowered, checked=replace(lowered.checked, frame=_swapped(lowered.checked.frame, swapped)))
     checked = lowered.checked
-    kernel, fused = checked.kernel, checked.fused
+    kernel, fused = checked.kernel, checked.frame
     namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
     settings = checked.settings["gpu"]
     swept = checked.sweep.dim if checked.sweep else None
     grid = [*fused.batch, *fused.parallel]
-    index_names = {d: (d.lower() if d in fused.batch else f"i{n}") for n, d in enumerate(grid)}
+    index_names = frame_grid_names(grid, fused.batch)
     tunable = tunable_dims(checked)
     whole = whole_dims(checked)
     extents = {d: block_keyword(d) for d in [*tunable, *whole]}
@@ -111,8 +177,12 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         starts[swept] = sweep_start
     spelling = FrameSpelling(fused, sizes, extents, starts, padded=frozenset(whole), round_helper=True)
 
+    def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
+        axes = array_axes(decl, fused)
+        return (*axes[:-2], axes[-1], axes[-2]) if decl.name in swapped else axes
+
     def axes(decl):
-        return [a for a in array_axes(decl, fused) if a not in fused.batch]
+        return [a for a in layout(decl) if a not in fused.batch]
 
     def block_axis(dim: str | None) -> BlockAxis:
         if dim in fused.batch:
@@ -126,7 +196,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     tiling = Tiling(
         grid=tuple(GridAxis(d, index_names[d], "parallel", d in fused.batch) for d in grid),
         arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(d) for d in array_axes(decl, fused)))
+            ArrayBlocks(decl.name, tuple(block_axis(d) for d in layout(decl)))
             for decl in kernel.inputs + kernel.outputs
         ),
         looped=swept,
@@ -154,7 +224,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         return saved_only(refs[decl.name], line) if decl.name in lowered.residual_names else line
 
     def emitter_for(overrides):
-        return lowered.emitter(spelling=spelling, overrides=overrides)
+        return lowered.emitter(spelling=spelling, overrides=overrides, carried=True)
 
     lowering = FusedLowering(lowered, namer, spelling, extents, Placement(), emitter_for, load, loads_fill_zeros=True)
     loop: list[str] = []
@@ -172,6 +242,14 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     every = [name for name in every if name not in read]
     keywords = mentioned([*every, *(p.name for p in kernel.params)], [*masks, *loop, *body])
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
+    swaps = []
+    for decl in kernel.inputs:
+        if decl.name in swapped:
+            read = (*decl.dims[:-2], decl.dims[-1], decl.dims[-2])
+            comments[decl.name] += f", swapped to [{', '.join(read)}]"
+            swaps.append(
+                f"{values[decl.name]} = jnp.swapaxes({values[decl.name]}, -1, -2)  # {decl.dtype} wgmma reads K-major tiles only"
+            )
     defaults = gpu_blocks(checked)
     return GpuPlan(
         function=launcher_name(kernel.name),
@@ -190,7 +268,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         whole_blocks=tuple((block_keyword(d), sizes[d], d, dot_depth(checked, d)) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         row_warps=None,  # its tiles' products choose its warps
-        prologue=_dot_fit(checked, tunable, whole, swept),
+        prologue=(*swaps, *_dot_fit(checked, tunable, whole, swept)),
         **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), LINE_LENGTH - 16)),
@@ -216,7 +294,7 @@ def _dot_fit(checked: CheckedKernel, tunable, whole, swept) -> tuple[str, ...]:
     over the swept dimension) and its product a program's registers (`rt.fit_dot_blocks`).
     Attention's two dots hold only the head's dimension whole, which their default blocks
     leave room for."""
-    fused = checked.fused
+    fused = checked.frame
     if len(fused.products) != 1:
         return ()
     (product,) = fused.products.values()
@@ -267,7 +345,10 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
             f"    return jax.lax.cond({code.skip}, {step}, lambda: running)",
         ]
     else:
-        body += [*(f"    {line}" for line in unpack), *(f"    {line}" for line in code.step), f"    return {carried}"]
+        step_lines, last = list(code.step), f"return {carried}"
+        if running == carried and step_lines[-1].startswith(f"{carried} = "):  # its new value, returned
+            last = f"return {step_lines.pop().removeprefix(f'{carried} = ')}"
+        body += [*(f"    {line}" for line in [*unpack, *step_lines, last])]
     return [
         *code.before,
         *body,

@@ -1,15 +1,14 @@
 """The GPU (Triton) half of a kernel's plan.
 
-Triton has no scratch memory and runs grid programs concurrently, so a product
-loops over its contracted dimension inside one program; every block is a power of
-two. Pallas's Triton backend does not mask a block that overhangs its array (a
+Triton has no scratch memory and runs grid programs concurrently, so a reduction over
+a blocked dimension loops over its blocks inside one program (products, planned as
+carried state, are backends.gpu.fused's); every block is a power of two. Pallas's Triton backend does not mask a block that overhangs its array (a
 BlockSpec is pointer arithmetic), so every load and store that can overhang is
 masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import textwrap
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from pallasgen.lowering.parts import (
     saved_only,
     LINE_LENGTH,
     array_positions,
-    dot_code,
     grid_names,
     body_statements,
     load_statements,
@@ -36,10 +34,7 @@ from pallasgen.lowering.parts import (
     partial_call,
     tuple_code,
 )
-from pallasgen.analysis.names import Namer
-from pallasgen.analysis.product import Product
 from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
-from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
@@ -72,7 +67,7 @@ class GpuPlan:
     whole_blocks: tuple[tuple[str, str, str, int], ...]  # (local, size, dim, least block) of dimensions held whole
     options: tuple[tuple[str, str, int | None], ...]  # (public keyword, GPU function keyword, default)
     row_warps: str | None  # the values a program holds of whole rows, where they choose its warps
-    prologue: tuple[str, ...]  # the launcher's lines before its pallas_call (operands swapped K-major)
+    prologue: tuple[str, ...]  # the launcher's lines before its pallas_call (operands swapped K-major, blocks fitted)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
     dims: tuple[str, ...]  # the dimensions of the tuned entries' sizes, in their order
     grid: str
@@ -84,7 +79,7 @@ class GpuPlan:
     parameters: str  # of the GPU launcher
     dispatch_arguments: str  # the keywords the public function binds for the launcher
     masks: tuple[str, ...]  # the blocks read from the output's shape; which positions of them lie inside the arrays
-    loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
+    loop: tuple[str, ...]  # the loop over the swept dimension's blocks, ending with its running values' assignment
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
 
@@ -165,8 +160,6 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     ]
 
 
-
-
 def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
     """The blocks a kernel reads from the shape of an array's block (`ref`), and the
     line that reads them (none: its block has no blocked axis)."""
@@ -204,31 +197,20 @@ def launcher_name(kernel: str) -> str:
 
 
 def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
+    """The plan of a kernel without products (those are planned as carried state, by
+    backends.gpu.fused): elementwise, or reducing over dimensions held whole or swept."""
     checked = lowered.checked
-    namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
-    emitter, accumulator = lowered.emitter(), lowered.accumulator
+    namer, refs, sizes = lowered.namer.fork(), lowered.refs, lowered.sizes
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     settings = checked.settings["gpu"]
-    kernel, product = checked.kernel, checked.product
-    swapped = k_major_swaps(product)
-    prologue = tuple(
-        f"{values[o.name]} = jnp.swapaxes({values[o.name]}, -1, -2)  # {o.dtype.name} wgmma reads K-major tiles only"
-        for o in (product.operands if swapped else ())
-        if o.name in swapped
-    )
-    for decl in kernel.inputs:
-        if decl.name in swapped:
-            stored, read = ", ".join(decl.dims), ", ".join((*decl.dims[:-2], decl.dims[-1], decl.dims[-2]))
-            comments[decl.name] = f"{decl.name}: {decl.dtype}[{stored}], swapped to [{read}]"
-    if swapped:
-        kernel, product = _with_operands_swapped(kernel, product, swapped)
+    kernel = checked.kernel
     out_dims = checked.space.layout
     squeezed = _squeezed(checked)
     whole = whole_dims(checked)
     stepped = stepped_sweep(checked)
     looped = stepped.dim if stepped else None
     grid_dims = [d for d in out_dims if d not in whole and d != looped]
-    index_names = grid_names(grid_dims, product)
+    index_names = grid_names(grid_dims)
     tunable = tunable_gpu_dims(checked)
     inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
     whole_mask = namer.claim("inside")
@@ -238,24 +220,23 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             return BlockAxis(dim, "squeezed", index_names[out_dim] if dim else None)
         if dim is None:
             return BlockAxis(None, "one", None)
-        if dim == program_loops:  # all of it: the program loops over its slices
+        if dim == looped:  # all of it: the program loops over its slices
             return BlockAxis(dim, "whole", None)
         return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
 
-    program_loops = product.k if product is not None else looped
     tiling = Tiling(
         grid=tuple(GridAxis(d, index_names[d], "parallel", d in squeezed) for d in grid_dims),
         arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, product)))
+            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims)))
             for decl in kernel.inputs + kernel.outputs
         ),
-        looped=program_loops,
+        looped=looped,
     )
     block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
 
     def visible(decl: ir.ArrayDecl) -> list[str | None]:
         """The axes of an array's block as the kernel sees it: a dimension, or None (size 1)."""
-        return [dim for dim, out_dim in array_positions(decl, out_dims, product) if out_dim not in squeezed]
+        return [dim for dim, out_dim in array_positions(decl, out_dims) if out_dim not in squeezed]
 
     def mask(axes: list[str | None], whole: bool = True) -> str | None:
         """The mask of a block with these axes (its `inside` per axis, or the output
@@ -308,8 +289,6 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
     kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]
     kernel_keywords = [name for name in kernel_keywords if name not in read] + [p.name for p in kernel.params]
-    if product is not None:
-        loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
     # A program that holds whole rows takes its warps from their size where the spec sets none.
     spec_warps = any(option.name == "warps" for option in kernel.gpu_options)
     row_warps = " * ".join(block_keyword(d) for d in [*tunable, *whole]) if whole and not spec_warps else None
@@ -317,28 +296,22 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
-            GpuBlockPlan(
-                gpu_block_keyword(d),
-                block_keyword(d),
-                settings.blocks[d],
-                sizes[d],
-                d,
-                _smallest_tile(product, d),
-            )
-            for d in tunable
+            GpuBlockPlan(gpu_block_keyword(d), block_keyword(d), settings.blocks[d], sizes[d], d, 1) for d in tunable
         ),
-        whole_blocks=tuple((block_keyword(d), sizes[d], d, 1) for d in whole),  # a product contracts none
+        whole_blocks=tuple((block_keyword(d), sizes[d], d, 1) for d in whole),
         options=tuple(
             (keyword, f"num_{name}", None if name == "warps" and row_warps else settings.options[name])
             for name, (keyword, _) in OPTIONS.items()
         ),
         row_warps=row_warps,
-        prologue=prologue,
+        prologue=(),
         **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), LINE_LENGTH - 16)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, squeezed, whole, looped), LINE_LENGTH - 16)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)),
+        out_specs=tuple(
+            (comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)
+        ),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(lowered, tunable),
@@ -348,38 +321,6 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         body=comments_above(body),
         tiling=tiling,
     )
-
-
-def k_major_swaps(product: Product | None) -> frozenset[str]:
-    """The product operands that the Triton launcher swaps to K-major (their last two axes):
-    those of 32 or 8 bits that come with K the major axis (x.T's [K, M], y's [K, N]).
-    Hopper's wgmma transposes a shared-memory tile of 16-bit values only; Triton moves any
-    other through shared memory a byte or a word at a time, which left f32 products at 0.17x
-    and int8 at 0.27x of XLA on an H200 (benchmarks/RESULTS.md). The swap is one pass over
-    the operand in HBM, as Mosaic GPU's launchers make it."""
-    if product is None or product.lhs.name == product.rhs.name:
-        return frozenset()
-    major = [(product.lhs, product.lhs.transposed), (product.rhs, not product.rhs.transposed)]
-    return frozenset(o.name for o, k_major in major if k_major and o.dtype.bits != 16)
-
-
-def _with_operands_swapped(kernel: ir.Kernel, product: Product, swapped: frozenset[str]):
-    """The kernel and its product as the Triton kernel sees them once `swapped` operands
-    have their last two axes swapped: each such input declared so, read transposed the
-    other way."""
-
-    def swap(items):
-        return (*items[:-2], items[-1], items[-2])
-
-    inputs = tuple(
-        dataclasses.replace(d, dims=swap(d.dims), dim_positions=swap(d.dim_positions)) if d.name in swapped else d
-        for d in kernel.inputs
-    )
-    lhs, rhs = (
-        dataclasses.replace(o, transposed=not o.transposed, dims=swap(o.dims)) if o.name in swapped else o
-        for o in product.operands
-    )
-    return dataclasses.replace(kernel, inputs=inputs), dataclasses.replace(product, lhs=lhs, rhs=rhs)
 
 
 def launcher_parameters(lowered: LoweredKernel, tunable) -> str:
@@ -461,51 +402,8 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     return loop, body
 
 
-def _smallest_tile(product: Product | None, dim: str) -> int:
-    """The least block Triton's dot takes along `dim` (1: no dot along it)."""
-    if product is None or dim not in (product.m, product.n, product.k):
-        return 1
-    if dim == product.k and product.lhs.dtype.bits == 8:
-        return SMALLEST_INT8_DOT_DEPTH
-    return SMALLEST_DOT_TILE
-
-
-def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str], whole=(), looped=None) -> str:
+def _grid_comment(grid_dims: list[str], squeezed: set[str], whole=(), looped=None) -> str:
     steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims) or "call"
     held = f" Each holds all of {', '.join(whole)} (one block of the next power of two)." if whole else ""
     loops = f" Each loops over {looped} itself, accumulating in order." if looped else ""
-    if product is None:
-        return f"One program per {steps}; programs run concurrently.{held}{loops}"
-    return f"One program per {steps}; each loops over {product.k} itself (Triton has no scratch memory)."
-
-
-def _product_loop(
-    product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str, inside
-) -> list[str]:
-    """`def accumulate(step, acc)`, summing one masked slice of the contracted dimension, and its loop."""
-    k, block_k = sizes[product.k], block_keyword(product.k)
-    step, start, function = (namer.claim(n) for n in ("step", "start", "accumulate"))
-    in_k = inside[product.k]
-    loads = []
-    for operand in product.operands:
-        # The contracted axis of each operand as stored: x[:, K] unless read transposed.
-        other = product.m if operand is product.lhs else product.n
-        k_first = operand.transposed if operand is product.lhs else not operand.transposed
-        axes = (product.k, other) if k_first else (other, product.k)
-        view = (
-            f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]"
-            if k_first
-            else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
-        )
-        loads.append(f"{values[operand.name]} = rt.load({view}, {tuple_code([inside[d] for d in axes])}, other=0)")
-    accumulate = jnp_dtype(product.accumulator.name)
-    lhs, rhs = (values[o.name] for o in product.operands)
-    return [
-        f"def {function}({step}, {accumulator}):",
-        f"    {start} = {step} * {block_k}",
-        f"    {in_k} = rt.inside({start}, {block_k}, {k})  # zeros past a ragged {product.k}",
-        *(f"    {line}" for line in loads),
-        f"    return {accumulator} + {dot_code(product, lhs, rhs)}",
-        "",
-        f"{accumulator} = jax.lax.fori_loop(0, pl.cdiv({k}, {block_k}), {function}, jnp.zeros({out_ref}.shape, {accumulate}))",
-    ]
+    return f"One program per {steps}; programs run concurrently.{held}{loops}"

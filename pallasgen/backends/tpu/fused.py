@@ -6,7 +6,6 @@ scratch, set at the first step and read at the last (`pl.when`)."""
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import replace
 
@@ -37,7 +36,7 @@ from pallasgen.backends.tpu.plan import (
     residual_vmem_code,
     wrap,
 )
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
 from pallasgen.backends.tpu.chips import (
     FUSED_BLOCK,
     chip_blocks,
@@ -117,7 +116,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     namer = lowered.namer.fork()
     grid = grid_dims(checked)
     tunable = tunable_dims(checked)
-    index_names = _index_names(grid, fused)
+    index_names = frame_grid_names(grid, fused.batch)
     extents = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in checked.dims}
     starts = {}
     prologue = []
@@ -232,7 +231,9 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         needed = _vmem(kernel, fused, running)
     # Its parts as (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
     terms = [(part.buffers * part.element_bytes, part.dims) for part in needed.parts]
-    plain = [(count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names]
+    plain = [
+        (count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names
+    ]
     vmem_needed = residual_vmem_code(terms, plain if lowered.residuals else None, extents, set(fused.batch))
     kernel_parameters, unpacked = kernel_signature(
         [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
@@ -270,14 +271,15 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             (a.comment, if_residuals(block_specs[d.name], a)) for a, d in zip(lowered.outputs, kernel.outputs)
         ),
         out_shapes=tuple(
-            (if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o), o.spec_name)
+            (
+                if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o),
+                o.spec_name,
+            )
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
         vmem_comment=wrap(
-            vmem_comment(
-                needed, checked.blocks, checked.dims, STRIPED_LIMIT if strips else "", lowered.residual_names
-            ),
+            vmem_comment(needed, checked.blocks, checked.dims, STRIPED_LIMIT if strips else "", lowered.residual_names),
             4,
         ),
         vmem_needed=vmem_needed,
@@ -386,17 +388,6 @@ def _lambda(keyword: str, parameters: str, body: str) -> str:
     parentheses where it is too long for one line, so that black breaks the line there."""
     code = f"{keyword}=lambda {parameters}: {body}"
     return code if len(code) <= LINE_LENGTH - 9 else f"{keyword}=lambda {parameters}: ({body})"
-
-
-def _index_names(grid, fused) -> dict[str, str]:
-    names = {}
-    roles = itertools.chain("ijk", (f"i{n}" for n in itertools.count(3)))
-    for dim in grid:
-        wanted = dim.lower() if dim in fused.batch else next(roles)
-        while wanted in names.values():
-            wanted += "_"
-        names[dim] = wanted
-    return names
 
 
 def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=None) -> ArrayBlocks:

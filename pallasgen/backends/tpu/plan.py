@@ -237,7 +237,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     blocked = [d for d in dims if d in checked.blocks and d != stepped] + ([stepped] if stepped else [])
     squeezed = _squeezed(checked)
     tunable = tunable_dims(checked)
-    index_names = grid_names(blocked, None)
+    index_names = grid_names(blocked)
     block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
 
     def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
@@ -253,7 +253,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             GridAxis(d, index_names[d], "arbitrary" if d in accumulated else "parallel", d in squeezed) for d in blocked
         ),
         arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, None)))
+            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims)))
             for decl in kernel.inputs + kernel.outputs
         ),
         looped=None,
