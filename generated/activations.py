@@ -3,24 +3,12 @@
 """Pallas kernels generated from specs/activations.pallas.
 
 Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
-plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
-the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
-
-A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
-to its docstring (`help(NAME)`) as Args, Returns and Keywords.
-Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
-gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
-`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
-gpu_backend ("triton", or "mosaic_gpu" from sm_90 on; None, the default: Mosaic GPU from sm_90
-on where `@rt.kernel` says `on_hopper="mosaic_gpu"`, else Triton), interpret (None: interpreted
-where no kernel compiles, as on CPU).
-
-A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
-`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
-`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
-copies, the outputs sliced back).
+plain jax.numpy; `@rt.kernel(...)` declares its arrays, blocks and params once and adds them to
+`help(NAME)`, with the keywords it takes. Its launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU
+(Mosaic; elsewhere interpreted), `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton),
+`_NAME_mosaic_gpu` runs `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: operands
+zero-padded to what TMA copies, outputs sliced back). Their shared code is pallasgen's runtime
+(pallasgen/runtime/support.py).
 """
 
 import functools

@@ -3,30 +3,16 @@
 """Pallas kernels generated from specs/softmax.pallas.
 
 Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
-plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
-the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
+plain jax.numpy; `@rt.kernel(...)` declares its arrays, blocks and params once and adds them to
+`help(NAME)`, with the keywords it takes. Its launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU
+(Mosaic; elsewhere interpreted), `_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton),
+`_NAME_mosaic_gpu` runs `_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: operands
+zero-padded to what TMA copies, outputs sliced back). Their shared code is pallasgen's runtime
+(pallasgen/runtime/support.py).
 
-A kernel's arrays, blocks and params are declared once, in `@rt.kernel(...)`, which adds them
-to its docstring (`help(NAME)`) as Args, Returns and Keywords.
-Beside its arrays and params, every kernel takes these keywords: block_* (its TPU blocks; None:
-as its `tpu_blocks` in `@rt.kernel` choose, by rt.tpu_blocks, before the launcher is called),
-gpu_block_*, gpu_warps, gpu_stages (Triton's, powers of two; None: as its `triton_options` in
-`@rt.kernel` choose, by GPU kind (None: the spec's) and sizes, before the launcher is called),
-gpu_backend ("triton", or "mosaic_gpu" from sm_90 on; None, the default: Mosaic GPU from sm_90
-on where `@rt.kernel` says `on_hopper="mosaic_gpu"`, else Triton), interpret (None: interpreted
-where no kernel compiles, as on CPU).
-
-A kernel's launchers: `_NAME_tpu` runs `_NAME_kernel` on TPU (Mosaic, or interpreted),
-`_NAME_gpu` runs `_NAME_gpu_kernel` on NVIDIA GPUs (Triton), `_NAME_mosaic_gpu` runs
-`_NAME_mosaic_gpu_kernel` from sm_90 on (Mosaic GPU: the operands zero-padded to what TMA
-copies, the outputs sliced back).
-
-A kernel whose backward kernels read forward values it does not output (its residuals:
-values that cost more to recompute than to save) has launchers that take `residuals`:
-true in the forward pass under jax.grad, they write them too, after its outputs
-(`NAME.with_residuals(...)` returns them); false, its kernel gets None for their Refs
-and writes nothing there.
+A kernel whose backward kernels read forward values it does not output (its residuals, cheaper
+to save than to recompute) writes them only under jax.grad, after its outputs (`residuals`;
+`NAME.with_residuals(...)` returns them); else its kernel gets None for their Refs.
 """
 
 import functools

@@ -328,11 +328,22 @@ def test_a_kernels_keywords_are_said_from_its_tables_and_params():
     keywords = support.keyword_lines(scaled, {"scale": jnp.bfloat16, "eps": jnp.float32}, blocks, None)
     assert keywords == [
         "  block_m, block_n: TPU blocks (None: as its tpu_blocks choose; the spec's: 256, 512).",
+        "  interpret: None interprets where no kernel compiles (as on CPU); True or False forces it.",
         "  scale: a static bf16 (default 0.5).",
         "  eps: a static f32 (default 1e-05).",
     ]
     options = support.GpuOptions({None: (128, 128, 32, 2)}, ("M", "N", "K"))
     assert support.keyword_lines(scaled, {}, None, options)[0].startswith("  mgpu_block_*, mgpu_stages: Mosaic GPU's")
+    # The GPU keywords every kernel of a module with GPU targets takes are said where it has them.
+    both = support.keyword_lines(scaled, {}, None, None, options, {"triton": None, "mosaic_gpu": None})
+    assert [line.split(":")[0] for line in both if not line.startswith("    ")] == [
+        "  gpu_block_*, gpu_warps, gpu_stages",
+        "  gpu_backend",
+        "  interpret",
+    ]
+    assert not any(
+        "gpu_backend" in line for line in support.keyword_lines(scaled, {}, None, None, options, {"triton": None})
+    )
     doc = support.with_arrays(scaled, ("x: f32[M, N]",), ("y: f32[M, N]",), keywords).splitlines()
     assert doc[doc.index("Keywords:") + 1 : doc.index("Gradients: none.")] == [*keywords, ""]
 

@@ -10,8 +10,9 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list
 
-# The keywords every kernel takes are documented once, in the runtime's docstring and
-# the generated module's: a kernel's Args say only what is particular to it.
+# The keywords every kernel takes are documented by the runtime: in its docstring, and in
+# each kernel's Keywords (rt.keyword_lines); the generator writes only what is particular
+# to a kernel.
 INTERPRET_DOC: tuple[str, ...] = ()
 
 

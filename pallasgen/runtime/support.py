@@ -559,7 +559,7 @@ def kernel(
             saving=saving,
             on_hopper=on_hopper,
         )
-        keywords = keyword_lines(reference, params or {}, tpu_blocks, mosaic_gpu_options)
+        keywords = keyword_lines(reference, params or {}, tpu_blocks, mosaic_gpu_options, triton_options, launchers)
         made.__doc__ = with_arrays(reference, inputs, outputs, keywords)
         return made
 
@@ -588,21 +588,33 @@ def with_arrays(reference, inputs, outputs, keywords=()):
     return "\n".join([*lines[:first], *sections, *lines[first:]]).rstrip("\n")
 
 
-def keyword_lines(reference, params, tpu_blocks=None, mosaic_gpu_options=None):
+def keyword_lines(reference, params, tpu_blocks=None, mosaic_gpu_options=None, triton_options=None, launchers=()):
     """The Keywords a kernel's docstring says, from what its decorator declares once: its
-    TPU blocks and the spec's (`tpu_blocks`), a product's Mosaic GPU choices (where
-    `mosaic_gpu_options` is given) and each param (`params`: its dtype) with its default
-    (the reference's)."""
+    TPU blocks and the spec's (`tpu_blocks`), Triton's choices (`triton_options`), a
+    product's Mosaic GPU choices (`mosaic_gpu_options`), the GPU backend where it has both
+    (`launchers`), `interpret`, and each param (`params`: its dtype) with its default
+    (the reference's). The module's docstring (above) says what each means in full."""
     said = []
     if tpu_blocks is not None and tpu_blocks.tiling:
         names = ", ".join(block_keyword(dim) for dim in tpu_blocks.tiling)
         spec = ", ".join(map(str, tpu_blocks.chips[None]["default"]))
         said.append(f"{names}: TPU blocks (None: as its tpu_blocks choose; the spec's: {spec}).")
+    if triton_options is not None:
+        said.append(
+            "gpu_block_*, gpu_warps, gpu_stages: Triton's blocks (powers of two) and launch options"
+            " (None: as its triton_options choose by GPU kind and sizes)."
+        )
     if mosaic_gpu_options is not None:
         said.append(
             "mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth"
             " (None: as its mosaic_gpu_options choose by GPU kind and sizes)."
         )
+    if "triton" in launchers and "mosaic_gpu" in launchers:
+        said.append(
+            'gpu_backend: "triton" or "mosaic_gpu" (sm_90 on); None: Mosaic GPU from sm_90 on where its'
+            " on_hopper says so, else Triton."
+        )
+    said.append("interpret: None interprets where no kernel compiles (as on CPU); True or False forces it.")
     defaults = inspect.signature(reference).parameters
     spec_names = {jnp.dtype(dtype): name for name, dtype in SPEC_DTYPES.items()}
     for name, dtype in params.items():

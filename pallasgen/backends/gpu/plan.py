@@ -38,7 +38,9 @@ from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC: tuple[str, ...] = ()  # gpu_block_*, gpu_warps, gpu_stages: said once, in the module's docstring
+# gpu_block_*, gpu_warps, gpu_stages are documented by the runtime, from the public function's
+# triton_options (rt.keyword_lines)
+GPU_DOC: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
     `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen at call time.
     Not `residuals`: it takes the kernel, but not the kernel that writes its residuals."""
     reason = refusal(checked)
-    doc = []  # what gpu_backend means is said once, in the module's docstring
+    doc = []  # what gpu_backend means is documented by the runtime (rt.keyword_lines)
     if reason:
         said = (
             f"This kernel runs on Triton either way: {reason}."
