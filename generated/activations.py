@@ -676,11 +676,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     (dbias,) = plgpu.kernel(
         functools.partial(_bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_n,), jnp.float32)] * 2],
         grid=(padded_n // block_n,),
         grid_names=("N",),
         interpret=interpret,
@@ -864,11 +860,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     (dscale,) = plgpu.kernel(
         functools.partial(_bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_m,), jnp.float32)] * 2],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,

@@ -217,7 +217,7 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
     return pl.pallas_call(
         functools.partial(_attention_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -299,9 +299,8 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(_attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale),
         out_type=(
@@ -309,18 +308,16 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
             plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
+    return o[:b, :h, :size_s, :d], lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
@@ -347,10 +344,8 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
             min(block_s, 256) * block_t,
             12 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, size_s, d, t: (
-            min(1 << (size_s.bit_length() - 1), 4096),
-            min(1 << (t.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -602,7 +597,7 @@ def _attention_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(_attention_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -697,11 +692,9 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dlse = rt.mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
@@ -713,11 +706,8 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM((block_s,), jnp.float32),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
+            *[plgpu.SMEM((block_s,), jnp.float32)] * 2,
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
             rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
@@ -727,7 +717,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse, dlse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
+    return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
@@ -751,10 +741,8 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
             min(block_s, 256) * block_t,
             20 * block_s * d + 8 * block_t * d + 24 * block_s,
         ),
-        bounds=lambda b, h, size_s, d, t: (
-            min(1 << (size_s.bit_length() - 1), 4096),
-            min(1 << (t.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -1012,7 +1000,7 @@ def _attention_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(_attention_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale),
         # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
+        # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
@@ -1082,16 +1070,11 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
+            *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
@@ -1111,10 +1094,8 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
@@ -1126,19 +1107,15 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
+            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
+    return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
 
 
 @rt.kernel(
@@ -1161,10 +1138,8 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
             min(block_t, 256) * block_s,
             8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, t, d, size_s: (
-            min(1 << (t.bit_length() - 1), 4096),
-            min(1 << (size_s.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
@@ -1380,7 +1355,7 @@ def _attention_dq_gpu(
     return pl.pallas_call(
         functools.partial(_attention_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -1469,11 +1444,9 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(_attention_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
@@ -1482,9 +1455,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((block_s,), jnp.float32),
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
@@ -1495,7 +1466,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
+    return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 def _attention_dq_vjp(*saved_and_cotangents):
@@ -1525,10 +1496,8 @@ def _attention_dq_vjp(*saved_and_cotangents):
             min(block_s, 256) * block_t,
             20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, size_s, d, t: (
-            min(1 << (size_s.bit_length() - 1), 4096),
-            min(1 << (t.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -1772,7 +1741,7 @@ def _attention_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(_attention_dkdv_gpu_kernel, t=t, d=d, s=s, block_s=block_s, scale=scale),
         # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
+        # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
@@ -1840,16 +1809,11 @@ def _attention_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(s, block_s),),
         in_specs=[
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
+            *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
@@ -1869,10 +1833,8 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_dkdv", "D", d, block_d, 256)
     padded_t, padded_s = t + -t % block_t, s + -s % block_s
-    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
     dk, dv = plgpu.kernel(
@@ -1882,19 +1844,15 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
+            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
+    return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
 
 
 def _attention_dkdv_vjp(*saved_and_cotangents):
@@ -1924,7 +1882,8 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
             min(block_t, 256) * block_s,
             8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, t, d, s: (min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
@@ -2100,7 +2059,7 @@ def _attention_full_gpu(
     return pl.pallas_call(
         functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -2173,9 +2132,8 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     padded_s, padded_t = s + -s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(_attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale),
         out_type=(
@@ -2183,18 +2141,16 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
             jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
             plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s, :d].reshape((b, h, s, d)), (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
+    return o[:b, :h, :s, :d], (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
 
 
 def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
@@ -2223,7 +2179,7 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
             block_s * block_t,
             12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
         ),
-        bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_attention_full_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -2372,7 +2328,7 @@ def _attention_full_backward_dq_gpu(
             _attention_full_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -2445,11 +2401,9 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
@@ -2460,9 +2414,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((block_s,), jnp.float32),
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
@@ -2473,7 +2425,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
+    return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
@@ -2496,7 +2448,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
             block_s * block_t,
             20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_attention_full_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -2649,7 +2601,7 @@ def _attention_full_backward_dkdv_gpu(
             _attention_full_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale
         ),
         # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
+        # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
@@ -2701,16 +2653,11 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
+            *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
@@ -2730,10 +2677,8 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
@@ -2745,19 +2690,15 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
+            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
+    return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
 
 
 @rt.kernel(
@@ -2780,7 +2721,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
             block_t * block_s,
             8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_attention_full_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
@@ -3013,7 +2954,7 @@ def _attention_bottom_right_gpu(
     return pl.pallas_call(
         functools.partial(_attention_bottom_right_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -3098,9 +3039,8 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
@@ -3110,20 +3050,16 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
             plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), (
-        lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None
-    )
+    return o[:b, :h, :size_s, :d], (lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None)
 
 
 def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
@@ -3152,10 +3088,8 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
             min(block_s, 256) * block_t,
             12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
         ),
-        bounds=lambda b, h, size_s, d, t: (
-            min(1 << (size_s.bit_length() - 1), 4096),
-            min(1 << (t.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_bottom_right_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -3388,7 +3322,7 @@ def _attention_bottom_right_backward_dq_gpu(
             _attention_bottom_right_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of T itself, carrying running values.
+        # (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
@@ -3477,11 +3411,9 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
@@ -3498,9 +3430,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((block_s,), jnp.float32),
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
@@ -3511,7 +3441,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
+    return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
 
 
 @rt.kernel(
@@ -3534,10 +3464,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
             min(block_s, 256) * block_t,
             20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, size_s, d, t: (
-            min(1 << (size_s.bit_length() - 1), 4096),
-            min(1 << (t.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_bottom_right_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "H", "D"), least=16),
@@ -3807,7 +3735,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
             _attention_bottom_right_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s, scale=scale
         ),
         # One program per element of B, element of H, block of T; programs run concurrently. Each holds all of D
-        # (one block of the next power of two). Each loops over the blocks of S itself, carrying running values.
+        # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
@@ -3877,16 +3805,11 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
+            *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
@@ -3906,10 +3829,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
-    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
@@ -3926,19 +3847,15 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
+            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * h * pl.cdiv(t, block_t),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
+    return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
 
 
 @rt.kernel(
@@ -3961,10 +3878,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
             min(block_t, 256) * block_s,
             8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, h, t, d, size_s: (
-            min(1 << (t.bit_length() - 1), 4096),
-            min(1 << (size_s.bit_length() - 1), 4096),
-        ),
+        bounds=(4096, 4096),
+        strips=True,
     ),
     triton=_attention_bottom_right_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "H", "D"), least=16),
@@ -4138,8 +4053,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
     return pl.pallas_call(
         functools.partial(_gqa_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
-        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
-        # running values.
+        # holds all of D (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -4214,9 +4128,8 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v, (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(
@@ -4224,20 +4137,16 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
             plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=1),
         ],
         grid=(b * g * r * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), (
-        lse[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1)) if residuals else None
-    )
+    return o[:b, :g, :r, :size_s, :d], (lse[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1)) if residuals else None)
 
 
 def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
@@ -4262,7 +4171,7 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
             block_s * block_t,
             12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
         ),
-        bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_gqa_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
@@ -4401,8 +4310,7 @@ def _gqa_backward_dq_gpu(
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t),
         # One program per element of B, element of G, element of R, block of S; programs run concurrently. Each
-        # holds all of D (one block of the next power of two). Each loops over the blocks of T itself, carrying
-        # running values.
+        # holds all of D (a power-of-two block). Each loops over T's blocks, carrying running values.
         grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -4479,11 +4387,9 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa_backward_dq", "D", d, block_d, 256)
     padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
-    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    o = rt.mgpu_pad(o.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    do = rt.mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
+    v, o = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(o, (b, g, r, padded_size_s, block_d))
+    do = rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(_gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t),
@@ -4492,9 +4398,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
+            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((block_s,), jnp.float32),
             rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((block_s,), jnp.float32),
@@ -4505,9 +4409,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), delta[:b, :g, :r, :size_s].reshape(
-        (b, g, r, size_s, 1)
-    )
+    return dq[:b, :g, :r, :size_s, :d], delta[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1))
 
 
 @rt.kernel(
@@ -4529,7 +4431,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
             block_s * block_t,
             20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_gqa_backward_dq_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("S", "T", "B", "G", "R", "D"), least=16),
@@ -4682,8 +4584,7 @@ def _gqa_backward_dkdv_gpu(
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_gpu_kernel, t=t, d=d, size_s=size_s, block_s=block_s),
         # One program per element of B, element of G, element of R, block of T; programs run concurrently. Each
-        # holds all of D (one block of the next power of two). Each loops over the blocks of S itself, carrying
-        # running values.
+        # holds all of D (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, g, r, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -4741,16 +4642,11 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         step,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
-            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
+            *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
         max_concurrent_steps=2,
-        init_carry=(
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
+        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, g_index, r_index],
         do_ref.at[b_index, g_index, r_index],
@@ -4770,10 +4666,8 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa_backward_dkdv", "D", d, block_d, 256)
     padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
-    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    do = rt.mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
+    v, do = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
@@ -4783,19 +4677,16 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
         ),
         scratch_types=[
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_d), jnp.float32),
-            rt.mgpu_smem((block_t, block_d), jnp.float32),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
-            rt.mgpu_smem((block_t, block_s), jnp.bfloat16),
+            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((block_t, block_d), jnp.float32)] * 2,
+            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=2),
         ],
         grid=(b * g * r * pl.cdiv(t, block_t),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, do, lse, delta)
-    return dk_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d)), dv_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d))
+    return dk_r[:b, :g, :r, :t, :d], dv_r[:b, :g, :r, :t, :d]
 
 
 @rt.kernel(
@@ -4817,7 +4708,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
             block_t * block_s,
             8 * block_s * d + 32 * block_t * d + 16 * block_s,
         ),
-        bounds=lambda b, g, r, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_gqa_backward_dkdv_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("T", "S", "B", "G", "R", "D"), least=16),
@@ -4913,7 +4804,7 @@ def _gqa_backward_over_r_gpu(
     return pl.pallas_call(
         functools.partial(_gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r),
         # One program per block of B, block of G, block of T, block of D; programs run concurrently. Each holds
-        # all of R (one block of the next power of two).
+        # all of R (a power-of-two block).
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         # dk_r, dv_r: f32[B, G, R, T, D]
         in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l))] * 2,
@@ -5090,8 +4981,8 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two). Each loops over the blocks of K itself, carrying running values.
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block). Each
+        # loops over K's blocks, carrying running values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
@@ -5260,7 +5151,7 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
             block_m * block_k,
             4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
         ),
-        bounds=lambda m, n, k: (min(m, 1024), min(k, 1024)),
+        bounds=(1024, 1024),
     ),
     triton=_matmul_softmax_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "K", "N"), least=16),
@@ -5329,8 +5220,7 @@ def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages,
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))] * 2,  # y, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dacc: bf16[M, N]
@@ -5489,8 +5379,8 @@ def _matmul_softmax_backward_x_gpu_kernel(dacc_ref, w_ref, dx_ref, *, m, k, n, b
 def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dacc: bf16[M, N]
@@ -5651,8 +5541,8 @@ def _matmul_softmax_backward_w_gpu_kernel(x_ref, dacc_ref, dw_ref, *, k, n, m, b
 def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
@@ -5810,8 +5700,8 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each holds all of K (one block of the
-        # next power of two).
+        # One program per block of M, block of N; programs run concurrently. Each holds all of K (a power-of-two
+        # block).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -5978,7 +5868,7 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
             block_m * block_n,
             4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
         ),
-        bounds=lambda m, n, k: (min(m, 1024), 512),
+        bounds=(1024, 512),
     ),
     triton=_rmsnorm_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "N", "K"), least=16),
@@ -6070,8 +5960,7 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
     num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_gpu_kernel, m=m, k=k),
-        # One program per block of M; programs run concurrently. Each holds all of K (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of K (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
@@ -6218,8 +6107,8 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
 def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -6313,8 +6202,8 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
 def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # lhs: bf16[M, K], read transposed
@@ -6438,8 +6327,7 @@ def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_w
     num_warps = num_warps or rt.row_warps(block_m * block_k)
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, k=k),
-        # One program per block of M; programs run concurrently. Each holds all of K (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of K (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]

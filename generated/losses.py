@@ -234,8 +234,7 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, residuals, interpret):
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.int32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
+            *[plgpu.SMEM((block_m,), jnp.float32)] * 2,
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -388,9 +387,7 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
         grid=(1,),
         in_specs=[
             rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            *[plgpu.BlockSpec((block_m,), lambda _: (program_m,))] * 3,
         ],
         out_specs=[rt.mgpu_spec((block_m, block_v), lambda _: (program_m, program_v), jnp.bfloat16)],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)

@@ -92,8 +92,8 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
-        # itself, carrying running values.
+        # One program per block of M, block of N; programs run concurrently. Each loops over K's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -252,8 +252,8 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_n):
 def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
@@ -400,8 +400,8 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], read transposed, swapped to [K, M]
@@ -566,8 +566,8 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
-        # itself, carrying running values.
+        # One program per block of M, block of N; programs run concurrently. Each loops over K's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: f32[M, K]
@@ -757,8 +757,8 @@ def _matmul_relu_backward_x_gpu_kernel(acc_ref, dz_ref, y_ref, dx_ref, *, m, k, 
 def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
@@ -885,7 +885,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
             block_m * block_k * block_n,
             16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
         ),
-        bounds=lambda m, k, n: (min(m, 1024), 512, min(n, 1024)),
+        bounds=(1024, 512, 1024),
     ),
     triton=_matmul_relu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
@@ -980,8 +980,8 @@ def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     x = jnp.swapaxes(x, -1, -2)  # f32 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
@@ -1062,7 +1062,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
             block_k * block_n * block_m,
             16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
         ),
-        bounds=lambda k, n, m: (min(k, 1024), 512, min(m, 1024)),
+        bounds=(1024, 512, 1024),
     ),
     triton=_matmul_relu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
@@ -1172,8 +1172,8 @@ def _matmul_bias_gelu_gpu(
 ):
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
-        # itself, carrying running values.
+        # One program per block of M, block of N; programs run concurrently. Each loops over K's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -1391,8 +1391,8 @@ def _matmul_bias_gelu_backward_x_gpu(
 ):
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
@@ -1535,7 +1535,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
             block_m * block_k * block_n,
             12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
         ),
-        bounds=lambda m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+        bounds=(1024, 1024, 1024),
     ),
     triton=_matmul_bias_gelu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
@@ -1680,8 +1680,8 @@ def _matmul_bias_gelu_backward_y_gpu(
 ):
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per block of K, block of N; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of K, block of N; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
@@ -1748,11 +1748,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
             _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_n,), jnp.float32)] * 2],
         grid=(padded_n // block_n,),
         grid_names=("N",),
         interpret=interpret,
@@ -1861,7 +1857,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
             block_k * block_n * block_m,
             12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
         ),
-        bounds=lambda k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+        bounds=(1024, 1024, 1024),
     ),
     triton=_matmul_bias_gelu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
@@ -1958,8 +1954,8 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads K-major tiles only
     return pl.pallas_call(
         functools.partial(_matmul_int8_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
-        # itself, carrying running values.
+        # One program per block of M, block of N; programs run concurrently. Each loops over K's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: i8[M, K]
@@ -2106,8 +2102,8 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_k):
 def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_batched_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per element of B, block of M, block of N; programs run concurrently. Each loops over the
-        # blocks of K itself, carrying running values.
+        # One program per element of B, block of M, block of N; programs run concurrently. Each loops over K's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),  # x: bf16[B, M, K]
@@ -2270,8 +2266,8 @@ def _batched_matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, blo
 def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per element of B, block of M, block of K; programs run concurrently. Each loops over the
-        # blocks of N itself, carrying running values.
+        # One program per element of B, block of M, block of K; programs run concurrently. Each loops over N's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((None, block_m, n), lambda b, i, j: (b, i, 0)),  # dz: f32[B, M, N]
@@ -2398,7 +2394,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
             block_m * block_k * block_n,
             8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
         ),
-        bounds=lambda b, m, k, n: (min(m, 1024), 1024, min(n, 1024)),
+        bounds=(1024, 1024, 1024),
     ),
     triton=_batched_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N", "B"), least=16),
@@ -2490,8 +2486,8 @@ def _batched_matmul_backward_y_gpu_kernel(dz_ref, x_ref, dy_ref, *, k, n, m, blo
 def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_gpu_kernel, k=k, n=n, m=m, block_m=block_m),
-        # One program per element of B, block of K, block of N; programs run concurrently. Each loops over the
-        # blocks of M itself, carrying running values.
+        # One program per element of B, block of K, block of N; programs run concurrently. Each loops over M's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, m, block_n), lambda b, i, j: (b, 0, j)),  # dz: f32[B, M, N]
@@ -2602,7 +2598,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
             block_k * block_n * block_m,
             8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
         ),
-        bounds=lambda b, k, n, m: (min(k, 1024), 1024, min(m, 1024)),
+        bounds=(1024, 1024, 1024),
     ),
     triton=_batched_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M", "B"), least=16),
@@ -2680,8 +2676,8 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_d, scale):
 def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret):
     return pl.pallas_call(
         functools.partial(_scores_gpu_kernel, size_s=size_s, t=t, d=d, block_d=block_d, scale=scale),
-        # One program per element of B, block of S, block of T; programs run concurrently. Each loops over the
-        # blocks of D itself, carrying running values.
+        # One program per element of B, block of S, block of T; programs run concurrently. Each loops over D's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),  # q: bf16[B, S, D]
@@ -2940,8 +2936,8 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_t):
 def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_scores_backward_q_gpu_kernel, s=s, d=d, t=t, block_t=block_t),
-        # One program per element of B, block of S, block of D; programs run concurrently. Each loops over the
-        # blocks of T itself, carrying running values.
+        # One program per element of B, block of S, block of D; programs run concurrently. Each loops over T's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),  # dacc: bf16[B, S, T]
@@ -3095,8 +3091,8 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_s):
 def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_scores_backward_k_gpu_kernel, t=t, d=d, s=s, block_s=block_s),
-        # One program per element of B, block of T, block of D; programs run concurrently. Each loops over the
-        # blocks of S itself, carrying running values.
+        # One program per element of B, block of T, block of D; programs run concurrently. Each loops over S's
+        # blocks, carrying running values.
         grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         in_specs=[
             pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),  # dacc: bf16[B, S, T], read transposed
@@ -3255,8 +3251,8 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_k):
 def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
-        # One program per block of M, block of N; programs run concurrently. Each loops over the blocks of K
-        # itself, carrying running values.
+        # One program per block of M, block of N; programs run concurrently. Each loops over K's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
@@ -3562,8 +3558,8 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_n):
 def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_backward_x_gpu_kernel, m=m, k=k, n=n, block_n=block_n),
-        # One program per block of M, block of K; programs run concurrently. Each loops over the blocks of N
-        # itself, carrying running values.
+        # One program per block of M, block of K; programs run concurrently. Each loops over N's blocks, carrying
+        # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dy: bf16[M, N]
@@ -3711,8 +3707,8 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_m):
 def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_backward_w_gpu_kernel, n=n, k=k, m=m, block_m=block_m),
-        # One program per block of N, block of K; programs run concurrently. Each loops over the blocks of M
-        # itself, carrying running values.
+        # One program per block of N, block of K; programs run concurrently. Each loops over M's blocks, carrying
+        # running values.
         grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i, j: (0, i)),  # dy: bf16[M, N], read transposed

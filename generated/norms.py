@@ -106,8 +106,7 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, resid
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -202,8 +201,7 @@ def _layer_norm_mosaic_gpu_kernel(
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
-            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            *[plgpu.BlockSpec((block_n,), lambda s: (s,))] * 2,
         ],
         max_concurrent_steps=2,
     )(x_ref, w_ref, b_ref)
@@ -223,12 +221,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
-        scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
-        ],
+        scratch_types=[*[plgpu.SMEM((block_m,), jnp.float32)] * 3, rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -375,8 +368,7 @@ def _layer_norm_backward_gpu(
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -517,11 +509,7 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.Barrier(num_barriers=5),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
+            *[plgpu.SMEM((block_m,), jnp.float32)] * 5,
             rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
         grid=(padded_m // block_m,),
@@ -723,8 +711,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
-            plgpu.BlockSpec((block_m,), lambda s: (s,)),
-            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            *[plgpu.BlockSpec((block_m,), lambda s: (s,))] * 2,
             rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.bfloat16),
         ],
         max_concurrent_steps=2,
@@ -746,7 +733,7 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     dw, db = plgpu.kernel(
         functools.partial(_layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
-        scratch_types=[plgpu.SMEM((block_n,), jnp.float32), plgpu.SMEM((block_n,), jnp.float32)],
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)] * 2,
         grid=(padded_n // block_n,),
         grid_names=("N",),
         interpret=interpret,
@@ -847,8 +834,7 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals,
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -1040,8 +1026,7 @@ def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_st
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_gpu_kernel, m=m, n=n, eps=eps),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]

@@ -66,8 +66,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmax_rows_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -297,8 +296,7 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_argmin_rows_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -693,8 +691,7 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residual
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -790,8 +787,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.int32) if residuals else None,
         ),
         scratch_types=[
-            plgpu.SMEM((block_m,), jnp.float32),
-            plgpu.SMEM((block_m,), jnp.float32),
+            *[plgpu.SMEM((block_m,), jnp.float32)] * 2,
             plgpu.SMEM((block_m,), jnp.int32),
             rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
@@ -950,9 +946,7 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
         grid=(1,),
         in_specs=[
             rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
-            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            *[plgpu.BlockSpec((block_m,), lambda _: (program_m,))] * 3,
         ],
         out_specs=[rt.mgpu_spec((block_m, block_n), lambda _: (program_m, program_n), jnp.float32)],
     )(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref)

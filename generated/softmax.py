@@ -100,8 +100,7 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpre
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -333,8 +332,7 @@ def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_w
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
@@ -552,8 +550,7 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, inte
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
@@ -721,8 +718,7 @@ def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, n
     num_warps = num_warps or rt.row_warps(block_m * block_n)
     return pl.pallas_call(
         functools.partial(_log_softmax_backward_gpu_kernel, m=m, n=n),
-        # One program per block of M; programs run concurrently. Each holds all of N (one block of the next power
-        # of two).
+        # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]

@@ -459,8 +459,14 @@ def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default_el
     monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")  # no entry of its own: the spec's, grown
     assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (256, 4096)  # 2**20 elements, N first
     assert support.tpu_blocks(table, (4096, 4096), (None, 128)) == (4096, 128)  # those not given, to M
-    bounded = table._replace(bounds=lambda m, n: (4096, 1024))
+    bounded = table._replace(bounds=(4096, 1024))
     assert support.tpu_blocks(bounded, (4096, 4096), (None, None)) == (1024, 1024)
+    # in strips, each to a power of two within its dimension: 3000 -> 2048, not 3000
+    assert support.tpu_blocks(bounded._replace(strips=True), (3000, 3000), (None, None)) == (1024, 1024)
+    assert support.tpu_blocks(bounded._replace(strips=True, bounds=(4096, 128)), (3000, 3000), (None, None)) == (
+        2048,
+        128,
+    )
     assert support.tpu_blocks(table._replace(step=None), (4096, 4096), (None, None)) == (8, 128)  # never grown
     monkeypatch.setattr(support, "tpu_chip", lambda: None)
     assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (8, 128)  # CPU: the spec's, not grown

@@ -1168,7 +1168,9 @@ class TpuBlocks(NamedTuple):
 
     A kernel without a matrix product has a `step`: a grid step's elements and VMEM bytes
     at the call's sizes and given blocks; its blocks grow (see `grown`), each up to its
-    `bounds` at the call's sizes (None: its dimension).
+    dimension and its `bounds` (None: no more); in a kernel computed in `strips`, up to a
+    power of two within its dimension, so that its strips tile the block (a ragged last
+    block instead of an unaligned one).
 
     `kernel` names it in errors, and `sizes` the dimensions of a call's sizes, in order:
     the kernel's public function (`Kernel`) sets both.
@@ -1177,7 +1179,8 @@ class TpuBlocks(NamedTuple):
     tiling: dict
     chips: dict
     step: object = None
-    bounds: object = None
+    bounds: tuple = None
+    strips: bool = False
     kernel: str = ""
     sizes: tuple = ()
 
@@ -1211,7 +1214,10 @@ def tpu_blocks(table, sizes, given, **step_keywords):
             chosen = entries.get("default", table.chips[None]["default"])
         blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
         if table.step is not None and chip is not None and not tuned:
-            bounds = table.bounds(*sizes) if table.bounds else [size_of[dim] for dim in dims]
+            within = [size_of[dim] for dim in dims]
+            if table.strips:
+                within = [1 << (size.bit_length() - 1) for size in within]
+            bounds = [min(size, bound) for size, bound in zip(within, table.bounds)] if table.bounds else within
             step = functools.partial(table.step, *sizes, **step_keywords)
             blocks = grown(blocks, [block is None for block in given], bounds, step)
     blocks = [min(block, size_of[dim]) for dim, block in zip(dims, blocks)]

@@ -39,31 +39,32 @@ from pallasgen.lowering.signature import Keyword, KeywordGroup
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
 
 
-def as_triton_sweeps(checked: CheckedKernel) -> CheckedKernel:
-    """The kernel as a Triton program computes it: where the TPU takes a lone product's
-    contracted dimension whole (unblocked) and sweeps nothing, the program loops over its
-    blocks all the same (its operands held whole outgrow shared memory at large sizes)."""
-    products = list(checked.frame.products.values())
-    if checked.sweep is not None or len(products) != 1 or products[0].k in checked.blocks:
+def on_triton(checked: CheckedKernel) -> CheckedKernel:
+    """The kernel as a Triton program computes it. A lone product (not a fused kernel) is
+    blocked along each of its dimensions whatever the TPU's blocks say, by its GPU blocks
+    (`gpu block`, else Triton's defaults), and loops over its contracted dimension's
+    blocks: the TPU may take a dimension whole that a program cannot hold (its operands
+    would outgrow shared memory at large sizes)."""
+    gpu_blocks = checked.settings["gpu"].blocks
+    if checked.fused is not None or set(gpu_blocks) <= set(checked.blocks):
         return checked
-    k = products[0].k
-    if k not in checked.settings["gpu"].blocks:
+    frame, blocks = checked.frame, {**checked.blocks, **gpu_blocks}
+    sweep, problems = sweep_of(checked.kernel, checked.types, blocks, frame.batch)
+    if problems:
         return checked
-    blocks = {**checked.blocks, k: checked.settings["gpu"].blocks[k]}
-    sweep, problems = sweep_of(checked.kernel, checked.types, blocks, checked.frame.batch)
-    if problems or sweep is None:
-        return checked
-    return replace(checked, blocks=blocks, sweep=sweep)
+    outputs = {d for decl in checked.kernel.outputs for d in decl.dims}
+    parallel = tuple(d for d in checked.dims if d in blocks and d in outputs and d not in frame.batch)
+    return replace(checked, blocks=blocks, sweep=sweep, frame=replace(frame, parallel=parallel))
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    checked = as_triton_sweeps(checked)
+    checked = on_triton(checked)
     return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def whole_dims(checked: CheckedKernel) -> list[str]:
     """Tile dimensions a program holds whole, in one block of the next power of two."""
-    checked = as_triton_sweeps(checked)
+    checked = on_triton(checked)
     fused = checked.frame
     tiles = {a for axes in fused.frame.values() for a in axes if a}
     tiles |= {d for decl in checked.kernel.inputs + checked.kernel.outputs for d in decl.dims if d not in fused.batch}
@@ -147,7 +148,7 @@ def _swapped(fused: FusedKernel, swapped: frozenset[str]) -> FusedKernel:
 
 
 def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
-    lowered = replace(lowered, checked=as_triton_sweeps(lowered.checked))
+    lowered = replace(lowered, checked=on_triton(lowered.checked))
     swapped = k_major_swaps(lowered.checked)
     if swapped:
         lowered = replace(lowered, checked=replace(lowered.checked, frame=_swapped(lowered.checked.frame, swapped)))
@@ -193,12 +194,21 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
             return BlockAxis(dim, "whole", None)
         return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
 
+    product = checked.product if checked.fused is None else None
+
+    def block_axes(decl: ir.ArrayDecl) -> tuple[BlockAxis, ...]:
+        own = layout(decl)
+        if product is None or decl.name in {o.name for o in product.operands}:
+            return tuple(block_axis(d) for d in own)
+        # A lone product's other arrays are laid out over the output's dimensions (the
+        # public function reshapes them so): each batch dimension an axis, squeezed, of
+        # size 1 where the array lacks it.
+        batch = [BlockAxis(d, "squeezed", index_names[d] if d in decl.dims else None) for d in fused.batch]
+        return (*batch, *(block_axis(d) for d in own[len([d for d in decl.dims if d in fused.batch]) :]))
+
     tiling = Tiling(
         grid=tuple(GridAxis(d, index_names[d], "parallel", d in fused.batch) for d in grid),
-        arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(d) for d in layout(decl)))
-            for decl in kernel.inputs + kernel.outputs
-        ),
+        arrays=tuple(ArrayBlocks(decl.name, block_axes(decl)) for decl in kernel.inputs + kernel.outputs),
         looped=swept,
     )
     block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
@@ -359,6 +369,6 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
 
 def _grid_comment(grid, fused, whole, swept) -> str:
     steps = ", ".join(f"element of {d}" if d in fused.batch else f"block of {d}" for d in grid) or "call"
-    held = f" Each holds all of {', '.join(whole)} (one block of the next power of two)." if whole else ""
-    loops = f" Each loops over the blocks of {swept} itself, carrying running values." if swept else ""
+    held = f" Each holds all of {', '.join(whole)} (a power-of-two block)." if whole else ""
+    loops = f" Each loops over {swept}'s blocks, carrying running values." if swept else ""
     return f"One program per {steps}; programs run concurrently.{held}{loops}"

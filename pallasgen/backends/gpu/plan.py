@@ -406,6 +406,6 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
 
 def _grid_comment(grid_dims: list[str], squeezed: set[str], whole=(), looped=None) -> str:
     steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims) or "call"
-    held = f" Each holds all of {', '.join(whole)} (one block of the next power of two)." if whole else ""
+    held = f" Each holds all of {', '.join(whole)} (a power-of-two block)." if whole else ""
     loops = f" Each loops over {looped} itself, accumulating in order." if looped else ""
     return f"One program per {steps}; programs run concurrently.{held}{loops}"

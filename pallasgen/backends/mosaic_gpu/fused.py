@@ -491,7 +491,7 @@ class FusedPlanner:
             f"    grid=({self._count(swept)},),",
             f"    in_specs={spec_list(self._spec(d) for d in streamed)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
-            f"    init_carry=({', '.join(initial)},),",
+            f"    init_carry={f'({initial[0]},) * {len(initial)}' if len(initial) > 1 and len(set(initial)) == 1 else tuple_code(initial)},",
             f")({', '.join(self._at(d) for d in streamed)})",
         ]
 
@@ -505,10 +505,12 @@ class FusedPlanner:
                 f'rt.mgpu_check_whole("{kernel.name}", "{d}", {sizes[d]}, {block_keyword(d)}, {WIDEST})',
             ]
         padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
-        for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
+        for decl, plan in zip(kernel.inputs, self.lowered.inputs):
             value = self.values[decl.name]
             own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
-            padding.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
+            if plan.expand:  # from the public function's layout (size-1 axes) to its own
+                value = f"{value}.reshape({own})"
+            padding.append(f"{self.values[decl.name]} = rt.mgpu_pad({value}, {padded})")
         lines += compact(padding)
         out_types = ", ".join(
             if_residuals(
@@ -521,7 +523,7 @@ class FusedPlanner:
             f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = plgpu.kernel(",
             f"    functools.partial({self.base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
             f"    out_type=({out_types},),",
-            f"    scratch_types=[{', '.join(scratch_types)}],",
+            f"    scratch_types={spec_list(scratch_types)},",
             f"    grid=({' * '.join(self._count(d) for d in self.grid) or '1'},),",
             "    grid_names=('programs',),",
             "    interpret=interpret,",
@@ -530,6 +532,9 @@ class FusedPlanner:
         returned = [
             f"({if_residuals(crop, plan)})" if plan.residual else crop
             for out, plan in zip(kernel.outputs, self.lowered.outputs)
-            for crop in [f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}].reshape({plan.layout_shape})"]
+            for crop in [
+                f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}]"
+                + (f".reshape({plan.layout_shape})" if plan.restore else "")
+            ]
         ]
         return tuple([*lines, f"return {', '.join(returned)}"])

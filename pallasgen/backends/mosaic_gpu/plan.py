@@ -526,7 +526,7 @@ class _ProductPlanner(_Planner):
             "plgpu.kernel(",
             f"    functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)}),",
             f"    out_type={self.out_types((m, n), optional=True)},",
-            f"    scratch_types=[{', '.join(scratch)}],",
+            f"    scratch_types={spec_list(scratch)},",
             f"    grid={tuple_code(grid)},",
             f"    grid_names={tuple(layout)!r},",
             "    interpret=interpret,",

@@ -59,11 +59,18 @@ def program_lines(program: dict[str, str]) -> list[str]:
 
 
 def spec_list(specs) -> str:
-    """A pipeline's list of BlockSpecs: `[spec] * n` where all n are the same block."""
+    """A list of BlockSpecs or scratch types: `[spec] * n` where all n are the same, and
+    a run of n alike among others `*[spec] * n`."""
     specs = list(specs)
     if len(specs) > 1 and len(set(specs)) == 1:
         return f"[{specs[0]}] * {len(specs)}"
-    return f"[{', '.join(specs)}]"
+    runs: list[list] = []
+    for spec in specs:
+        if runs and runs[-1][0] == spec:
+            runs[-1][1] += 1
+        else:
+            runs.append([spec, 1])
+    return f"[{', '.join(spec if n == 1 else f'*[{spec}] * {n}' for spec, n in runs)}]"
 
 
 def copy_out(copies, residuals=frozenset()) -> list[str]:

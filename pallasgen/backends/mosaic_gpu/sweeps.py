@@ -237,7 +237,7 @@ class SweepPlanner:
             "plgpu.kernel(",
             f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
             f"    out_type={base.out_types(multiples, optional=True)},",
-            f"    scratch_types=[{', '.join(scratch)}],",
+            f"    scratch_types={spec_list(scratch)},",
             f"    grid=({base.padded(kept)} // {block_keyword(kept)},),",
             f"    grid_names=({kept!r},),",
             "    interpret=interpret,",

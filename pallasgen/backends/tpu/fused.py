@@ -307,17 +307,14 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
         return block_table(checked, tunable, sizes, layouts, lambda chip: chip_blocks(checked, tunable, chip).values())
     fused = checked.frame
     grown = {fused.row, *([checked.sweep.dim] if checked.sweep else [])}
-    # A kernel computed in strips grows up to a power of two within the dimension, so that its
-    # strips and key runs tile the block (a ragged last block instead of an unaligned one).
-    bound = "min(1 << ({}.bit_length() - 1), {})" if striped else "min({}, {})"
     largest = STRIPED_BLOCK if striped else FUSED_BLOCK
-    bounds = [bound.format(sizes[d], largest) if d in grown else str(checked.blocks[d]) for d in tunable]
+    bounds = [largest if d in grown else checked.blocks[d] for d in tunable]
     elements = " * ".join(
         f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
     )
     spec = [checked.blocks[d] for d in tunable]
     return block_table(
-        checked, tunable, sizes, layouts, lambda chip: spec, f"({elements}, {vmem_needed})", tuple_code(bounds)
+        checked, tunable, sizes, layouts, lambda chip: spec, f"({elements}, {vmem_needed})", tuple(bounds), striped
     )
 
 

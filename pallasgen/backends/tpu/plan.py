@@ -130,7 +130,9 @@ class TpuPlan:
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
     tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
     vmem: Vmem  # what vmem_comment and vmem_needed count
-    prologue: tuple[str, ...] = ()  # first, outside any pl.when: its scratch refs unpacked, where this step's blocks start
+    prologue: tuple[
+        str, ...
+    ] = ()  # first, outside any pl.when: its scratch refs unpacked, where this step's blocks start
     helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
 
     @property
@@ -162,13 +164,21 @@ def block_keywords(tunable) -> KeywordGroup:
 
 
 def block_table(
-    checked: CheckedKernel, tunable: list[str], sizes, layouts, chip_default, step: str = "", bounds: str = ""
+    checked: CheckedKernel,
+    tunable: list[str],
+    sizes,
+    layouts,
+    chip_default,
+    step: str = "",
+    bounds: tuple[int, ...] = (),
+    strips: bool = False,
 ) -> BlockTable | None:
     """The launcher's `rt.TpuBlocks`: the spec's blocks
     (None's default); each chip's default where `chip_default(chip)` differs from them,
     and the blocks tuned for it; each block's tiling rule; and where the blocks grow, a
     grid `step`'s elements and VMEM (code over the call's sizes and given blocks) and the
-    blocks' `bounds` (code over the call's sizes; none: each block's dimension)."""
+    most each block grows to (`bounds`; none: its dimension), in a kernel computed in
+    `strips` a power of two within its dimension."""
     if not tunable:
         return None
     spec = tuple_code([str(checked.blocks[d]) for d in tunable])
@@ -194,7 +204,8 @@ def block_table(
     fields = [f"tiling={{{rules}}}", f"chips={{{chips_code}}}"]
     saving = ["residuals"] if re.search(r"\bresiduals\b", step) else []  # its step's VMEM writing them
     fields += [f"step=lambda {', '.join(size_names + keywords + saving)}: {step}"] if step else []
-    fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
+    fields += [f"bounds={tuple_code([str(b) for b in bounds])}"] if bounds else []
+    fields += ["strips=True"] if strips else []
     return BlockTable(f"rt.TpuBlocks({', '.join(fields)})")
 
 
@@ -326,7 +337,10 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
         out_specs=tuple((a.comment, if_residuals(block_specs[a.spec_name], a)) for a in lowered.outputs),
         out_shapes=tuple(
-            (if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o), o.spec_name)
+            (
+                if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o),
+                o.spec_name,
+            )
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
@@ -383,7 +397,9 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
-    lines += body_statements(kernel, sweep.step, emitter, values, refs, checked, ref_store(refs, lowered.residual_names))
+    lines += body_statements(
+        kernel, sweep.step, emitter, values, refs, checked, ref_store(refs, lowered.residual_names)
+    )
     lines += [line for r in reductions for line in r.step]
     last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
     body = [f"{r.result} = {r.finish}" for r in reductions]
