@@ -591,8 +591,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
     inside = rt.mask((1, block_n), None, in_n)
     bias = rt.load(bias_ref, inside)
 
-    def accumulate(index, running):
-        (sum_m_running,) = running
+    def accumulate(index, sum_m_running):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
@@ -605,10 +604,9 @@ def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, db
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
+        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
-    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
+    sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
     rt.store(dbias_ref, sum_m, inside)
 
 
@@ -775,8 +773,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
     inside = rt.mask((block_m, 1), in_m, None)
     scale = rt.load(scale_ref, inside)
 
-    def accumulate(index, running):
-        (sum_n_running,) = running
+    def accumulate(index, sum_n_running):
         start = index * block_n
         in_n = rt.inside(start, block_n, n)
         x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
@@ -789,10 +786,9 @@ def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, ds
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = rt.fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
-        return (sum_n_running,)
+        return sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
 
-    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, 1), 0.0, jnp.float32),))
+    sum_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, 1), 0.0, jnp.float32))
     rt.store(dscale_ref, sum_n, inside)
 
 

@@ -4922,8 +4922,7 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        y_ref[...] = rt.softmax(acc_k, 1)
+        y_ref[...] = rt.softmax(acc_k_ref[...], 1)
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
@@ -5015,8 +5014,7 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
-        product = product_ref[...]
-        out_smem[...] = product
+        out_smem[...] = product_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
@@ -5328,8 +5326,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n.astype(jnp.bfloat16)
+        dx_ref[...] = acc_n_ref[...].astype(jnp.bfloat16)
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -5414,8 +5411,7 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref, w_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
@@ -5490,8 +5486,7 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m = acc_m_ref[...]
-        dw_ref[...] = acc_m.astype(jnp.bfloat16)
+        dw_ref[...] = acc_m_ref[...].astype(jnp.bfloat16)
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -5576,8 +5571,7 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
@@ -5798,8 +5792,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
@@ -6513,8 +6506,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
     inside = rt.mask((1, block_k), None, in_k)
 
-    def accumulate(index, running):
-        (sum_m_running,) = running
+    def accumulate(index, sum_m_running):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
@@ -6526,10 +6518,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, 
         lhs_3 = h * lhs_2
         dlhs_1 = dlhs.astype(jnp.float32)
         sum_m_block = rt.fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
+        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
-    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_k), 0.0, jnp.float32),))
+    sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_k), 0.0, jnp.float32))
     rt.store(dg_ref, sum_m, inside)
 
 

@@ -41,8 +41,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        z_ref[...] = acc_k
+        z_ref[...] = acc_k_ref[...]
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -124,8 +123,7 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
@@ -202,8 +200,7 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n
+        dx_ref[...] = acc_n_ref[...]
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -286,8 +283,7 @@ def _matmul_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dz_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
@@ -348,8 +344,7 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m = acc_m_ref[...]
-        dy_ref[...] = acc_m
+        dy_ref[...] = acc_m_ref[...]
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -435,8 +430,7 @@ def _matmul_backward_y_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, dz_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
@@ -703,8 +697,7 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n
+        dx_ref[...] = acc_n_ref[...]
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -825,8 +818,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
@@ -925,8 +917,7 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m = acc_m_ref[...]
-        dy_ref[...] = acc_m
+        dy_ref[...] = acc_m_ref[...]
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -1326,8 +1317,7 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n.astype(jnp.bfloat16)
+        dx_ref[...] = acc_n_ref[...].astype(jnp.bfloat16)
 
 
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -1471,8 +1461,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
@@ -1791,8 +1780,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
@@ -1903,8 +1891,7 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        z_ref[...] = acc_k
+        z_ref[...] = acc_k_ref[...]
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -1986,8 +1973,7 @@ def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
     rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
@@ -2052,8 +2038,7 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        z_ref[...] = acc_k
+        z_ref[...] = acc_k_ref[...]
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
@@ -2134,8 +2119,7 @@ def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *,
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc
+        out_smem[...] = acc_ref[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     rt.mgpu_copy_out(
@@ -2215,8 +2199,7 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n.astype(jnp.bfloat16)
+        dx_ref[...] = acc_n_ref[...].astype(jnp.bfloat16)
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
@@ -2332,8 +2315,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref.at[program_b], y_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out(
@@ -2435,8 +2417,7 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_m = acc_m_ref[...]
-        dy_ref[...] = acc_m.astype(jnp.bfloat16)
+        dy_ref[...] = acc_m_ref[...].astype(jnp.bfloat16)
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
@@ -2535,8 +2516,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], rhs_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
     rt.mgpu_copy_out(
@@ -2708,8 +2688,7 @@ def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s
             ],
             max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc * scale
+        out_smem[...] = acc_ref[...] * scale
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
     rt.mgpu_copy_out(
@@ -2886,8 +2865,7 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_t = acc_t_ref[...]
-        dq_ref[...] = acc_t.astype(jnp.bfloat16)
+        dq_ref[...] = acc_t_ref[...].astype(jnp.bfloat16)
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
@@ -2970,8 +2948,7 @@ def _scores_backward_q_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
     rt.mgpu_copy_out(
@@ -3040,8 +3017,7 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_s = acc_s_ref[...]
-        dk_ref[...] = acc_s.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s_ref[...].astype(jnp.bfloat16)
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
@@ -3125,8 +3101,7 @@ def _scores_backward_k_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
     rt.mgpu_copy_out(
@@ -3197,8 +3172,7 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
         acc_k = acc_k_ref[...]
-        bias = bias_ref[...]
-        y_ref[...] = (acc_k + bias).astype(jnp.bfloat16)
+        y_ref[...] = (acc_k + bias_ref[...]).astype(jnp.bfloat16)
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -3402,17 +3376,15 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, running):
-        (sum_m_running,) = running
+    def accumulate(index, sum_m_running):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
+        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
-    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
+    sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
     rt.store(dbias_ref, sum_m, inside)
 
 
@@ -3508,8 +3480,7 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n = acc_n_ref[...]
-        dx_ref[...] = acc_n.astype(jnp.bfloat16)
+        dx_ref[...] = acc_n_ref[...].astype(jnp.bfloat16)
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -3592,8 +3563,7 @@ def _linear_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
@@ -3657,8 +3627,7 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m = acc_m_ref[...]
-        dw_ref[...] = acc_m.astype(jnp.bfloat16)
+        dw_ref[...] = acc_m_ref[...].astype(jnp.bfloat16)
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
@@ -3741,8 +3710,7 @@ def _linear_backward_w_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dy_ref, x_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
+        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
     rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))

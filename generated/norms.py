@@ -1213,8 +1213,7 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, running):
-        (sum_m_running,) = running
+    def accumulate(index, sum_m_running):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
@@ -1226,10 +1225,9 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
+        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
-    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
+    sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
     rt.store(dw_ref, sum_m, inside)
 
 

@@ -514,17 +514,15 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
 def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     inside = None
 
-    def accumulate(index, running):
-        (sum_n_running,) = running
+    def accumulate(index, sum_n_running):
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
         x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
         y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n_running,)
+        return sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
-    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
+    sum_n = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, jnp.full((1,), 0, jnp.int32))
     n_ref[...] = sum_n
 
 

@@ -417,16 +417,14 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
     inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, running):
-        (sum_m_running,) = running
+    def accumulate(index, sum_m_running):
         start = index * block_m
         in_m = rt.inside(start, block_m, m)
         x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
         sum_m_block = rt.fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
+        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
-    (sum_m,) = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),))
+    sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
     rt.store(s_ref, sum_m, inside)
 
 
@@ -1041,17 +1039,15 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
 def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     inside = None
 
-    def accumulate(index, running):
-        (sum_n_running,) = running
+    def accumulate(index, sum_n_running):
         start = index * block_n
         in_n = rt.inside(start, block_n, size_n)
         x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
         y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
         sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n_running,)
+        return sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
-    (sum_n,) = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),))
+    sum_n = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, jnp.full((1,), 0, jnp.int32))
     n_ref[...] = sum_n
 
 

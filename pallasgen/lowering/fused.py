@@ -16,7 +16,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Carry, walk_outside
 from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, body_statements, tuple_code
+from pallasgen.lowering.parts import assigned_together, body_statements, read_where_used, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import (
     accumulators,
@@ -462,8 +462,8 @@ class FusedLowering:
         ]
         loads = self._loads(sweep.finish, factors, skip=sweep.results)
         if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
-            return lines + loads + stores
-        return loads + lines + stores
+            return read_where_used([*lines, *loads, *stores])
+        return read_where_used([*loads, *lines, *stores])
 
     def _skip_condition(self, emitter, starts=None) -> str | None:
         skip = self.checked.sweep.skip

@@ -43,6 +43,24 @@ def unpacked_results(running: list[str], finishes: list[tuple[str, str]]) -> tup
     return ", ".join(targets) + ("," if len(targets) == 1 else ""), lines
 
 
+def read_where_used(lines: list[str]) -> list[str]:
+    """`lines` with a running value read from its Ref (`acc = acc_ref[...]`) and used only
+    by the next line read there instead (`z_ref[...] = acc_ref[...]`): the same reads in
+    the same order."""
+    found: list[str] = []
+    for line in lines:
+        if found:
+            name, _, value = found[-1].partition(" = ")
+            pattern = re.compile(rf"\b{re.escape(name)}\b")
+            later = lines[len(found) :]
+            if re.fullmatch(r"\w+_ref\[\.\.\.\]", value) and sum(len(pattern.findall(x)) for x in later) == 1:
+                if pattern.search(line):
+                    found[-1] = pattern.sub(lambda _: value, line)
+                    continue
+        found.append(line)
+    return found
+
+
 def written_specs(specs: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], int]:
     """(comment, BlockSpec) pairs as a list of specs writes them, and its count: where every
     array's BlockSpec is the same, one pair whose comment names them all, `count` times."""

@@ -377,14 +377,18 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     running = [acc.name for r in reductions for acc in r.accumulators]
     init = [f"jnp.full({shape}, {acc.initial}, {acc.dtype})" for r in reductions for acc in r.accumulators]
     step_lines = [line for r in reductions for line in r.step]
-    carried = ", ".join(running) + ("," if len(running) == 1 else "")
+    carried = ", ".join(running)  # a lone running value is carried bare
     outer, finished = unpacked_results(running, [(r.result, r.finish) for r in reductions])
+    lone = len(running) == 1
+    step_lines, last = list(step_lines), f"return {carried}"
+    if lone and step_lines[-1].startswith(f"{carried} = "):  # its new value, returned
+        last = f"return {step_lines.pop().removeprefix(f'{carried} = ')}"
     loop = [
         *held_starts,
         *load_statements(kernel, values, checked, load, only=before),
         *body_statements(kernel, outside, emitter, values, refs, checked, store),
-        f"def {function}({index}, running):",
-        f"    {carried} = running",
+        f"def {function}({index}, {carried if lone else 'running'}):",
+        *([] if lone else [f"    {carried} = running"]),
         f"    {start} = {index} * {block}",
         f"    {inside[dim]} = rt.inside({start}, {block}, {sizes[dim]})",
         *(
@@ -394,9 +398,9 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         ),
         *(f"    {line}" for line in body_statements(kernel, inside_loop, emitter, values, refs, checked, store)),
         *(f"    {line}" for line in step_lines),
-        f"    return {carried}",
+        f"    {last}",
         "",
-        f"{outer} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(init)}{',' if len(init) == 1 else ''}))",
+        f"{outer.rstrip(',')} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, {init[0] if lone else tuple_code(init)})",
     ]
     last = lowered.emitter(spelling=spelling, overrides={r.node: r.result for r in reductions})
     body = list(finished)

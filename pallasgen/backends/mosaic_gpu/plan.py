@@ -54,6 +54,7 @@ from pallasgen.lowering.parts import (
     load_statements,
     kernel_signature,
     parameter_list,
+    read_where_used,
     saved_only,
     tuple_code,
 )
@@ -448,11 +449,13 @@ class _ProductPlanner(_Planner):
             return saved_only(ref, line) if ref in residuals else line
 
         emitter = self.lowered.emitter(**EMITTER_OPTIONS)
-        epilogue_body = [
-            f"{self.lowered.accumulator} = {acc_ref}[...]",
-            *load_statements(kernel, self.values, checked, load),
-            *body_statements(kernel, kernel.body, emitter, self.values, self.refs, checked, store),
-        ]
+        epilogue_body = read_where_used(
+            [
+                f"{self.lowered.accumulator} = {acc_ref}[...]",
+                *load_statements(kernel, self.values, checked, load),
+                *body_statements(kernel, kernel.body, emitter, self.values, self.refs, checked, store),
+            ]
+        )
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
         accumulate = [
             f"def {step}(_, {lhs_smem}, {rhs_smem}):",

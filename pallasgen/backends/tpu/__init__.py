@@ -10,7 +10,6 @@ from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.fused import (
     check_fused_tpu,
     fused_array_bytes,
-    fused_keyword_group,
     plan_fused_tpu,
     tile_layouts,
 )
@@ -53,7 +52,7 @@ class TpuBackend(Backend):
         return None, check_tpu(kernel, space, product, blocks)
 
     def keywords(self, checked, targets=TARGETS):
-        return fused_keyword_group(checked) if checked.fused else keyword_group(checked)
+        return keyword_group(checked)
 
     def reserved_names(self, checked):
         return {block_keyword(d) for d in checked.dims}

@@ -22,7 +22,6 @@ from pallasgen.backends.tpu.plan import (
     BlockTable,
     StripsPlan,
     TpuPlan,
-    block_keywords,
     block_table,
     grid_comment,
     kernel_function_name,
@@ -60,7 +59,6 @@ from pallasgen.lowering.parts import (
     tuple_code,
 )
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.signature import KeywordGroup
 
 # What the VMEM comment of a kernel computed in strips says of its limit.
 STRIPED_LIMIT = (
@@ -488,8 +486,3 @@ def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset())
         f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code(transcendentals)},"
         f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
     )
-
-
-def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `block_*` keywords of a fused kernel, and their docstring lines."""
-    return block_keywords(tunable_dims(checked))
