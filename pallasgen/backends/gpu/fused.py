@@ -1,5 +1,5 @@
-"""The GPU (Triton) plan of a fused kernel (analysis.fused): one program per batch
-element and block of the dimensions outputs keep; each program loops over the swept
+"""The GPU (Triton) plan of every kernel with a product, as carried state (its frame:
+analysis.fused): one program per batch element and block of the dimensions outputs keep; each program loops over the swept
 dimension's blocks itself, its running values carried by the loop (Triton has no
 scratch memory). Blocks are powers of two; a dimension held whole takes the next
 power of two, and every load and store that can overhang its array is masked."""
