@@ -1,8 +1,9 @@
 """The GPU (Triton) plan of every kernel with a product, as carried state (its frame:
-analysis.fused): one program per batch element and block of the dimensions outputs keep; each program loops over the swept
-dimension's blocks itself, its running values carried by the loop (Triton has no
-scratch memory). Blocks are powers of two; a dimension held whole takes the next
-power of two, and every load and store that can overhang its array is masked."""
+analysis.fused): one program per batch element and block of the dimensions outputs
+keep; each program loops over the swept dimension's blocks itself, its running values
+carried by the loop (Triton has no scratch memory). Blocks are powers of two; a
+dimension held whole takes the next power of two, and every load and store that can
+overhang its array is masked."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pallasgen.analysis.checks import CheckedKernel, sweep_of
 from pallasgen.analysis.dtypes import DTYPES, promote
 from pallasgen.analysis.fused import FusedKernel, array_axes
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names, output_batch_axes
 from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword
 from pallasgen.backends.gpu.plan import (
     GPU_DOC,
@@ -200,11 +201,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         own = layout(decl)
         if product is None or decl.name in {o.name for o in product.operands}:
             return tuple(block_axis(d) for d in own)
-        # A lone product's other arrays are laid out over the output's dimensions (the
-        # public function reshapes them so): each batch dimension an axis, squeezed, of
-        # size 1 where the array lacks it.
-        batch = [BlockAxis(d, "squeezed", index_names[d] if d in decl.dims else None) for d in fused.batch]
-        return (*batch, *(block_axis(d) for d in own[len([d for d in decl.dims if d in fused.batch]) :]))
+        batch, taken = output_batch_axes(decl, fused.batch, index_names)
+        return (*batch, *(block_axis(d) for d in own[taken:]))
 
     tiling = Tiling(
         grid=tuple(GridAxis(d, index_names[d], "parallel", d in fused.batch) for d in grid),

@@ -35,7 +35,7 @@ from pallasgen.backends.tpu.plan import (
     residual_vmem_code,
     wrap,
 )
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names, output_batch_axes
 from pallasgen.backends.tpu.chips import (
     FUSED_BLOCK,
     chip_blocks,
@@ -393,14 +393,8 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     axes = []
     product = checked.product
     if checked.fused is None and product is not None and decl.name not in {o.name for o in product.operands}:
-        # A single product's other arrays are laid out over the output's dimensions (the
-        # public function reshapes them so): each batch dimension an axis, squeezed, of
-        # size 1 where the array lacks it.
-        axes = [
-            BlockAxis(d, "squeezed", index_names[d]) if d in decl.dims else BlockAxis(None, "squeezed", None)
-            for d in fused.batch
-        ]
-        own = own[len([d for d in decl.dims if d in fused.batch]) :]
+        batch, taken = output_batch_axes(decl, fused.batch, index_names)
+        axes, own = list(batch), own[taken:]
     for dim in own:
         if dim in fused.batch:
             axes.append(BlockAxis(dim, "squeezed", index_names[dim]))
