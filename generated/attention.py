@@ -239,11 +239,13 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
 
 
 def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale):
-    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -275,30 +277,41 @@ def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    max_t, acc_t, sum_exp_t = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        max_t, acc_t, sum_exp_t = pipeline(
+            (
+                rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+                plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+            )
+        )
+        o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
+        lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        rt.mgpu_copy_out(
+            (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+            (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-        ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
-    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out(
-        (o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention",
+        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -308,13 +321,15 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
-            plgpu.SMEM((block_s,), jnp.float32),
-            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=1),
+            rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :size_s, :d], lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -625,24 +640,21 @@ def _attention_backward_dq_gpu(
 def _attention_backward_dq_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
-    q_smem, o_smem, do_smem, lse_smem, dlse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, o_smem, do_smem, lse_smem, dlse_smem, operand_smem, barrier, barrier_2, barrier_3, barrier_4, barrier_5 = (
+        ref.at[wg] for ref in scratch
+    )
+    dq_smem, delta_smem = q_smem, lse_smem  # q and lse not read after the pass: their tiles then hold dq and delta
     block_s, block_d = dq_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
-    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
-    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    rt.mgpu_copy_in(dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
-    dlse = rt.mgpu_load_vector(dlse_smem, 0)
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
 
         def compute():
-            (acc_t,) = carry
+            acc_t, o, do, lse, dlse = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -664,34 +676,59 @@ def _attention_backward_dq_mosaic_gpu_kernel(
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return (acc_t,)
+            return acc_t, o, do, lse, dlse
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    (acc_t,) = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier_2)
+        rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier_3)
+        rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
+        rt.mgpu_copy_in(dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier_5)
+        o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+        do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+        dlse = rt.mgpu_load_vector(dlse_smem, 0)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse, dlse)
+        )
+        delta = (
+            jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1) - dlse
+        )
+        delta_smem[...] = delta
+        dq_smem[...] = acc_t.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+            (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, dlse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(dlse_smem, 0)
-    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1) - dlse
-    delta_smem[...] = delta
-    dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_backward_dq", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_backward_dq",
+        (
+            2 * block_s * block_t,
+            2 * block_s * block_d,
+            2 * block_s * block_d,
+            2 * block_s * block_d,
+            4 * block_s,
+            4 * block_s,
+        ),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
@@ -706,15 +743,15 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
-            *[plgpu.SMEM((block_s,), jnp.float32)] * 2,
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=5),
+            *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
+            *[plgpu.SMEM((warpgroups, block_s), jnp.float32)] * 2,
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 5,
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, o, do, lse, dlse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -1027,12 +1064,13 @@ def _attention_backward_dkdv_gpu(
 def _attention_backward_dkdv_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
-    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of T each, the last copies S's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    k_smem, v_smem, operand_smem, operand_smem_2, barrier, barrier_2 = (ref.at[wg] for ref in scratch)
+    dk_smem, dv_smem = k_smem, v_smem  # k and v not read after the pass: their tiles then hold dk and dv
     block_t, block_d = dk_smem.shape
-    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
-    t_start = t_block * block_t
-    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
-    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, warpgroups * block_t))
+    t_start = (t_block * warpgroups + wg) * block_t
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -1066,26 +1104,33 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_2 = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
+        rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier)
+        rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier_2)
+        acc_s, acc_s_2 = pipeline(
+            (plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2
+        )
+        dv_smem[...] = acc_s.astype(jnp.bfloat16)
+        dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+            (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
             *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
-    )
-    dv_smem[...] = acc_s.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
-        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
     )
 
 
@@ -1093,7 +1138,12 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_backward_dkdv", "D", d, block_d, 256)
-    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_backward_dkdv",
+        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
+        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+    )
+    padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
@@ -1107,12 +1157,14 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
-            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=2),
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, block_t),),
+        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -1382,22 +1434,21 @@ def _attention_dq_gpu(
 def _attention_dq_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
-    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, o_smem, do_smem, lse_smem, operand_smem, barrier, barrier_2, barrier_3, barrier_4 = (
+        ref.at[wg] for ref in scratch
+    )
+    dq_smem, delta_smem = q_smem, lse_smem  # q and lse not read after the pass: their tiles then hold dq and delta
     block_s, block_d = dq_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
-    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
-    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
 
         def compute():
-            (acc_t,) = carry
+            acc_t, o, do, lse = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -1416,34 +1467,48 @@ def _attention_dq_mosaic_gpu_kernel(
                 ragged=t % block_t,
             )
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return (acc_t,)
+            return acc_t, o, do, lse
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    (acc_t,) = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier_2)
+        rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier_3)
+        rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
+        o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+        do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
+        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        delta_smem[...] = delta
+        dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+            (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-    delta_smem[...] = delta
-    dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_dq", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_dq",
+        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
@@ -1455,15 +1520,15 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=4),
+            *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -1768,12 +1833,13 @@ def _attention_dkdv_gpu(
 def _attention_dkdv_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, s, block_s, scale
 ):
-    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of T each, the last copies S's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    k_smem, v_smem, operand_smem, operand_smem_2, barrier, barrier_2 = (ref.at[wg] for ref in scratch)
+    dk_smem, dv_smem = k_smem, v_smem  # k and v not read after the pass: their tiles then hold dk and dv
     block_t, block_d = dk_smem.shape
-    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
-    t_start = t_block * block_t
-    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
-    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, warpgroups * block_t))
+    t_start = (t_block * warpgroups + wg) * block_t
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -1805,26 +1871,33 @@ def _attention_dkdv_mosaic_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_2 = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
+        rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier)
+        rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier_2)
+        acc_s, acc_s_2 = pipeline(
+            (plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2
+        )
+        dv_smem[...] = acc_s.astype(jnp.bfloat16)
+        dk_smem[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+            (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(s, block_s),),
         in_specs=[
             *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
             *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
-    )
-    dv_smem[...] = acc_s.astype(jnp.bfloat16)
-    dk_smem[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
-        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
     )
 
 
@@ -1832,7 +1905,12 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_dkdv", "D", d, block_d, 256)
-    padded_t, padded_s = t + -t % block_t, s + -s % block_s
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_dkdv",
+        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
+        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+    )
+    padded_t, padded_s = t + -t % (warpgroups * block_t), s + -s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
@@ -1844,12 +1922,14 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
-            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=2),
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, block_t),),
+        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -2082,11 +2162,13 @@ def _attention_full_gpu(
 
 
 def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, s, t, block_t, scale):
-    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -2108,30 +2190,41 @@ def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scra
         )
         return max_t, sum_exp_t, acc_t
 
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        max_t, sum_exp_t, acc_t = pipeline(
+            (
+                rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+                plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            )
+        )
+        acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+        o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+        lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+        if lse_ref is not None:
+            rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
-    if lse_ref is not None:
-        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
-    padded_s, padded_t = s + -s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_full",
+        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_s, padded_t = s + -s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -2141,13 +2234,15 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
             jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
-            plgpu.SMEM((block_s,), jnp.float32),
-            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=1),
+            rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(s, block_s),),
+        grid=(b * h * pl.cdiv(s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :s, :d], (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
@@ -2355,20 +2450,19 @@ def _attention_full_backward_dq_gpu(
 def _attention_full_backward_dq_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
-    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, o_smem, do_smem, lse_smem, operand_smem, barrier, barrier_2, barrier_3, barrier_4 = (
+        ref.at[wg] for ref in scratch
+    )
+    dq_smem, delta_smem = q_smem, lse_smem  # q and lse not read after the pass: their tiles then hold dq and delta
     block_s, block_d = dq_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
-    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
-    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
-        (acc_t,) = carry
+        acc_t, o, do, lse = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
@@ -2376,31 +2470,45 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-        return (acc_t,)
+        return acc_t, o, do, lse
 
-    (acc_t,) = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier_2)
+        rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier_3)
+        rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
+        o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+        do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
+        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        delta_smem[...] = delta
+        dq_smem[...] = acc_t.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+            (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-    delta_smem[...] = delta
-    dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full_backward_dq", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_full_backward_dq",
+        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
@@ -2414,15 +2522,15 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=4),
+            *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -2628,12 +2736,13 @@ def _attention_full_backward_dkdv_gpu(
 def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
-    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of T each, the last copies S's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    k_smem, v_smem, operand_smem, operand_smem_2, barrier, barrier_2 = (ref.at[wg] for ref in scratch)
+    dk_smem, dv_smem = k_smem, v_smem  # k and v not read after the pass: their tiles then hold dk and dv
     block_t, block_d = dk_smem.shape
-    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
-    t_start = t_block * block_t
-    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
-    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, warpgroups * block_t))
+    t_start = (t_block * warpgroups + wg) * block_t
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -2649,26 +2758,33 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
-    acc_s, acc_s_2 = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
+        rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier)
+        rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier_2)
+        acc_s, acc_s_2 = pipeline(
+            (plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2
+        )
+        dv_smem[...] = acc_s.astype(jnp.bfloat16)
+        dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+            (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
             *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
-    )
-    dv_smem[...] = acc_s.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
-        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
     )
 
 
@@ -2676,7 +2792,12 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full_backward_dkdv", "D", d, block_d, 256)
-    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_full_backward_dkdv",
+        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
+        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+    )
+    padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
@@ -2690,12 +2811,14 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
-            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=2),
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, block_t),),
+        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -2979,11 +3102,13 @@ def _attention_bottom_right_gpu(
 def _attention_bottom_right_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale
 ):
-    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -3015,30 +3140,41 @@ def _attention_bottom_right_mosaic_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        max_t, sum_exp_t, acc_t = pipeline(
+            (
+                rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+                plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            )
+        )
+        acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+        o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+        lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+        if lse_ref is not None:
+            rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
-    if lse_ref is not None:
-        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_bottom_right",
+        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -3050,13 +3186,15 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
-            plgpu.SMEM((block_s,), jnp.float32),
-            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=1),
+            rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :size_s, :d], (lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None)
@@ -3349,22 +3487,21 @@ def _attention_bottom_right_backward_dq_gpu(
 def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, h, size_s, d, t, block_t, scale
 ):
-    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, o_smem, do_smem, lse_smem, operand_smem, barrier, barrier_2, barrier_3, barrier_4 = (
+        ref.at[wg] for ref in scratch
+    )
+    dq_smem, delta_smem = q_smem, lse_smem  # q and lse not read after the pass: their tiles then hold dq and delta
     block_s, block_d = dq_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-    rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
-    rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
-    rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
 
         def compute():
-            (acc_t,) = carry
+            acc_t, o, do, lse = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -3383,34 +3520,48 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return (acc_t,)
+            return acc_t, o, do, lse
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
-    (acc_t,) = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        rt.mgpu_copy_in(o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier_2)
+        rt.mgpu_copy_in(do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier_3)
+        rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
+        o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+        do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
+        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        delta_smem[...] = delta
+        dq_smem[...] = acc_t.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+            (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-    delta_smem[...] = delta
-    dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-        (delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right_backward_dq", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_bottom_right_backward_dq",
+        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
@@ -3430,15 +3581,15 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=4),
+            *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -3762,12 +3913,13 @@ def _attention_bottom_right_backward_dkdv_gpu(
 def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch, h, t, size_s, block_s, scale
 ):
-    k_smem, v_smem, dk_smem, dv_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of T each, the last copies S's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    k_smem, v_smem, operand_smem, operand_smem_2, barrier, barrier_2 = (ref.at[wg] for ref in scratch)
+    dk_smem, dv_smem = k_smem, v_smem  # k and v not read after the pass: their tiles then hold dk and dv
     block_t, block_d = dk_smem.shape
-    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, block_t))
-    t_start = t_block * block_t
-    rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
-    rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
+    b_index, h_index, t_block = rt.mgpu_grid_indices(h, pl.cdiv(t, warpgroups * block_t))
+    t_start = (t_block * warpgroups + wg) * block_t
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -3801,26 +3953,33 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_2 = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
+        rt.mgpu_copy_in(k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier)
+        rt.mgpu_copy_in(v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier_2)
+        acc_s, acc_s_2 = pipeline(
+            (plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2
+        )
+        dv_smem[...] = acc_s.astype(jnp.bfloat16)
+        dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+            (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
             *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, h_index],
         do_ref.at[b_index, h_index],
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
-    )
-    dv_smem[...] = acc_s.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
-        (dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)]),
     )
 
 
@@ -3828,7 +3987,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right_backward_dkdv", "D", d, block_d, 256)
-    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
+    warpgroups = rt.mgpu_warpgroups(
+        "attention_bottom_right_backward_dkdv",
+        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
+        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+    )
+    padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
@@ -3847,12 +4011,14 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 4,
-            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=2),
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, block_t),),
+        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -4078,11 +4244,13 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
 
 
 def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, size_s, t, block_t):
-    q_smem, o_smem, lse_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
-    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -4104,30 +4272,41 @@ def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, 
         )
         return max_t, sum_exp_t, acc_t
 
-    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        max_t, sum_exp_t, acc_t = pipeline(
+            (
+                rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
+                plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            )
+        )
+        acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+        o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+        lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
+        rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
+        if lse_ref is not None:
+            rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(
-            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
-            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-        ),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
-    rt.mgpu_copy_out((o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
-    if lse_ref is not None:
-        rt.mgpu_copy_out((lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]))
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "gqa",
+        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -4137,13 +4316,15 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 2,
-            plgpu.SMEM((block_s,), jnp.float32),
-            *[rt.mgpu_smem((block_s, block_t), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=1),
+            rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * g * r * pl.cdiv(size_s, block_s),),
+        grid=(b * g * r * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v)
     return o[:b, :g, :r, :size_s, :d], (lse[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1)) if residuals else None)
@@ -4341,20 +4522,19 @@ def _gqa_backward_dq_gpu(
 def _gqa_backward_dq_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, *scratch, g, r, size_s, d, t, block_t
 ):
-    q_smem, o_smem, do_smem, lse_smem, dq_smem, delta_smem, operand_smem, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    q_smem, o_smem, do_smem, lse_smem, operand_smem, barrier, barrier_2, barrier_3, barrier_4 = (
+        ref.at[wg] for ref in scratch
+    )
+    dq_smem, delta_smem = q_smem, lse_smem  # q and lse not read after the pass: their tiles then hold dq and delta
     block_s, block_d = dq_smem.shape
-    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, block_s))
-    s_start = s_block * block_s
-    rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0])
-    rt.mgpu_copy_in(o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1])
-    rt.mgpu_copy_in(do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2])
-    rt.mgpu_copy_in(lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+    b_index, g_index, r_index, s_block = rt.mgpu_grid_indices(g, r, pl.cdiv(size_s, warpgroups * block_s))
+    s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
-        (acc_t,) = carry
+        acc_t, o, do, lse = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
@@ -4362,31 +4542,45 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-        return (acc_t,)
+        return acc_t, o, do, lse
 
-    (acc_t,) = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
+        rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier)
+        rt.mgpu_copy_in(o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier_2)
+        rt.mgpu_copy_in(do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier_3)
+        rt.mgpu_copy_in(lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
+        o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+        do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
+        )
+        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        delta_smem[...] = delta
+        dq_smem[...] = acc_t.astype(jnp.bfloat16)
+        rt.mgpu_copy_out(
+            (dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+            (delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(t, block_t),),
         in_specs=[rt.mgpu_spec((block_t, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
-    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-    delta_smem[...] = delta
-    dq_smem[...] = acc_t.astype(jnp.bfloat16)
-    rt.mgpu_copy_out(
-        (dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
-        (delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]),
-    )
 
 
 def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa_backward_dq", "D", d, block_d, 256)
-    padded_size_s, padded_t = size_s + -size_s % block_s, t + -t % block_t
+    warpgroups = rt.mgpu_warpgroups(
+        "gqa_backward_dq",
+        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
+        (4 * block_t * block_d, 4 * block_t * block_d),
+    )
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
     v, o = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(o, (b, g, r, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
@@ -4398,15 +4592,15 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_s, block_d), jnp.bfloat16)] * 3,
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_d), jnp.bfloat16),
-            plgpu.SMEM((block_s,), jnp.float32),
-            rt.mgpu_smem((block_s, block_t), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=4),
+            *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
+            plgpu.SMEM((warpgroups, block_s), jnp.float32),
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * g * r * pl.cdiv(size_s, block_s),),
+        grid=(b * g * r * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :g, :r, :size_s, :d], delta[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1))
@@ -4615,12 +4809,14 @@ def _gqa_backward_dkdv_gpu(
 def _gqa_backward_dkdv_mosaic_gpu_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, *scratch, g, r, t, size_s, block_s
 ):
-    k_smem, v_smem, dk_r_smem, dv_r_smem, operand_smem, operand_smem_2, barrier = scratch
+    # the first `warpgroups` warpgroups compute a block of T each, the last copies S's blocks in
+    wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
+    k_smem, v_smem, dk_r_smem, dv_r_smem, operand_smem, operand_smem_2, barrier, barrier_2 = (
+        ref.at[wg] for ref in scratch
+    )
     block_t, block_d = dk_r_smem.shape
-    b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, block_t))
-    t_start = t_block * block_t
-    rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0])
-    rt.mgpu_copy_in(v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1])
+    b_index, g_index, r_index, t_block = rt.mgpu_grid_indices(g, r, pl.cdiv(t, warpgroups * block_t))
+    t_start = (t_block * warpgroups + wg) * block_t
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
@@ -4638,26 +4834,33 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
         return acc_s, acc_s_2
 
-    acc_s, acc_s_2 = plgpu.emit_pipeline(
+    def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
+        rt.mgpu_copy_in(k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier)
+        rt.mgpu_copy_in(v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier_2)
+        acc_s, acc_s_2 = pipeline(
+            (plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2
+        )
+        dv_r_smem[...] = acc_s
+        dk_r_smem[...] = acc_s_2
+        rt.mgpu_copy_out(
+            (dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
+            (dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
+        )
+
+    rt.mgpu_warp_specialized(
         step,
+        program,
+        warpgroups,
         grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             *[rt.mgpu_spec((block_s, block_d), lambda i: (i, 0), jnp.bfloat16)] * 2,
             *[plgpu.BlockSpec((block_s,), lambda i: (i,))] * 2,
         ],
-        max_concurrent_steps=2,
-        init_carry=(plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),) * 2,
     )(
         q_ref.at[b_index, g_index, r_index],
         do_ref.at[b_index, g_index, r_index],
         lse_ref.at[b_index, g_index, r_index],
         delta_ref.at[b_index, g_index, r_index],
-    )
-    dv_r_smem[...] = acc_s
-    dk_r_smem[...] = acc_s_2
-    rt.mgpu_copy_out(
-        (dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
-        (dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]),
     )
 
 
@@ -4665,7 +4868,19 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     block_t, block_s = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa_backward_dkdv", "D", d, block_d, 256)
-    padded_t, padded_size_s = t + -t % block_t, size_s + -size_s % block_s
+    warpgroups = rt.mgpu_warpgroups(
+        "gqa_backward_dkdv",
+        (
+            2 * block_t * block_s,
+            2 * block_t * block_s,
+            2 * block_t * block_d,
+            2 * block_t * block_d,
+            4 * block_t * block_d,
+            4 * block_t * block_d,
+        ),
+        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+    )
+    padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
     v, do = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
@@ -4677,13 +4892,15 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
         ),
         scratch_types=[
-            *[rt.mgpu_smem((block_t, block_d), jnp.bfloat16)] * 2,
-            *[rt.mgpu_smem((block_t, block_d), jnp.float32)] * 2,
-            *[rt.mgpu_smem((block_t, block_s), jnp.bfloat16)] * 2,
-            plgpu.Barrier(num_barriers=2),
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.float32)] * 2,
+            *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
+            *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * g * r * pl.cdiv(t, block_t),),
+        grid=(b * g * r * pl.cdiv(t, warpgroups * block_t),),
         grid_names=("programs",),
+        num_threads=warpgroups + 1,
+        thread_name="wg",
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk_r[:b, :g, :r, :t, :d], dv_r[:b, :g, :r, :t, :d]

@@ -751,6 +751,59 @@ def test_attention_on_mosaic_gpu_says_which_head_size_it_holds(monkeypatch):
         _cuda_text(generated_module("attention").attention, [q, k, v], gpu_backend="mosaic_gpu")
 
 
+def _warpgroups_chosen(kernel: str, head: int, monkeypatch) -> list[int]:
+    """How many warpgroups compute each program of `kernel` lowered for CUDA with a head of
+    `head` (aligned sizes otherwise): rt.mgpu_warpgroups's choice, watched."""
+    chosen, choose = [], support.mgpu_warpgroups
+
+    def watched(*args, **keywords):
+        chosen.append(choose(*args, **keywords))
+        return chosen[-1]
+
+    monkeypatch.setattr(support, "mgpu_warpgroups", watched)  # the generated modules' `rt`
+    shapes = [
+        tuple(head if n == SIZES["aligned"]["head"] else n for n in shape)
+        for shape, _ in _shapes("attention", kernel, "aligned")
+    ]
+    dtypes = [DTYPES[dtype] for _, dtype in _shapes("attention", kernel, "aligned")]
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in zip(shapes, dtypes)]
+    text = _cuda_text(getattr(generated_module("attention"), kernel), args, gpu_backend="mosaic_gpu")
+    assert MOSAIC_CALL.search(text)  # and Mosaic GPU's own count of its shared memory let it lower
+    return chosen
+
+
+@pytest.mark.parametrize("kernel", ["attention", "attention_backward_dq", "attention_backward_dkdv", "gqa"])
+def test_attention_on_mosaic_gpu_shares_each_block_of_keys_between_two_warpgroups_of_queries(kernel, monkeypatch):
+    """At D = 128 a program's two computing warpgroups (each a block of the parallel
+    dimension) and the key or query blocks in flight, which a third copies in, fit a
+    block's shared memory; outputs take the tiles of inputs read only in the pass."""
+    assert _warpgroups_chosen(kernel, 128, monkeypatch) == [2]
+
+
+def test_attention_on_mosaic_gpu_takes_one_warpgroup_where_two_would_not_fit(monkeypatch):
+    """At D = 256 two warpgroups' tiles and the key blocks in flight exceed 227 KiB."""
+    assert _warpgroups_chosen("attention", 256, monkeypatch) == [1]
+
+
+def test_attention_on_mosaic_gpu_refuses_a_head_whose_blocks_exceed_shared_memory(monkeypatch):
+    with pytest.raises(
+        ValueError, match=r'attention_backward_dq: gpu_backend="mosaic_gpu" needs \d+ KiB of shared memory'
+    ):
+        _warpgroups_chosen("attention_backward_dq", 256, monkeypatch)
+
+
+def test_mosaic_gpu_warpgroups_fit_their_tiles_beside_the_blocks_in_flight():
+    kib = 1024
+    assert support.mgpu_warpgroups("k", [100 * kib], [20 * kib]) == 2
+    assert support.mgpu_warpgroups("k", [100 * kib], [30 * kib]) == 1  # 2 * 100 + 30 + the pipeline's 3 > 227
+    assert support.mgpu_warpgroups("k", [100 * kib], [20 * kib], most=1) == 1
+    assert support.mgpu_warpgroups("k", [1] * 224, [0]) == 2  # each buffer takes a whole KiB: 224 + 3
+    with pytest.raises(ValueError, match="needs 228 KiB"):
+        support.mgpu_warpgroups("k", [1] * 225, [0])
+    with pytest.raises(ValueError, match=r'k: gpu_backend="mosaic_gpu" needs 231 KiB of shared memory'):
+        support.mgpu_warpgroups("k", [200 * kib], [28 * kib])
+
+
 def test_compact_launcher_lines_compute_the_same_values_in_the_same_order():
     from pallasgen.backends.mosaic_gpu.support import compact
 

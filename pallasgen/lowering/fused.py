@@ -54,6 +54,7 @@ class FusedCode:
     skip: str | None  # a condition on the block's positions: the step adds nothing when false
     finish: tuple[str, ...]  # after the last step: the outputs
     before: tuple[str, ...] = ()  # loads of inputs the pass reads but that do not vary along it
+    held: tuple[str, ...] = ()  # the names `before` assigns
 
 
 class Placement:
@@ -269,7 +270,8 @@ class FusedLowering:
 
         loads = self._load_pairs(sweep.step, [c.value for c in sweep.carries])
         varying = {self.lowered.values[d.name] for d in self.checked.kernel.inputs if dim in d.dims}
-        before = assigned_together([load for load in loads if load[0] not in varying])
+        held = [load for load in loads if load[0] not in varying]
+        before, self.held = assigned_together(held), {name for name, _ in held}
         lines = assigned_together([load for load in loads if load[0] in varying])
         pending = [c for c in sweep.carries if c.kind == "max"]
         emitted: set[str] = set()
@@ -310,7 +312,8 @@ class FusedLowering:
             lines.extend(self._step(carry, names[carry.key], emitter, scale, shift))
 
         finish = self._finish(sweep, names, store)
-        return FusedCode(tuple(running), tuple(lines), self._skip_condition(emitter), tuple(finish), tuple(before))
+        skip = self._skip_condition(emitter)
+        return FusedCode(tuple(running), tuple(lines), skip, tuple(finish), tuple(before), tuple(n for n, _ in held))
 
     def _carry_names(self, carry: Carry) -> list[str]:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)

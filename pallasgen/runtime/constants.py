@@ -47,6 +47,14 @@ MGPU_ACCUMULATOR_MOST = 128 * 128  # f32 elements of one warpgroup's accumulator
 # (an H100, an H200) and Blackwell data-centre GPUs; 99 on those not listed.
 SHARED_KIB_BY_CAPABILITY = {(7, 0): 96, (7, 2): 96, (7, 5): 64, (8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}
 MGPU_SMEM_PER_BLOCK = SHARED_KIB_BY_CAPABILITY[9, 0] * 1024  # an H100's (or H200's)
+# A warp-specialized Mosaic GPU pipeline (attention's): blocks of the swept dimension in
+# flight, and the registers a thread of the warpgroup that copies them in keeps (as jax's
+# own kernels), the rest going to the warpgroups that compute.
+MGPU_SWEPT_STAGES = 2
+MGPU_MEMORY_REGISTERS = 40
+# Shared memory a warp-specialized pipeline takes beside its buffers (its barriers, their
+# alignment): Mosaic GPU's count of attention's at D = 192 (232,496 bytes) less the buffers'.
+MGPU_PIPELINE_KIB = 3
 
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.

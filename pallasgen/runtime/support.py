@@ -66,7 +66,10 @@ from pallasgen.runtime.constants import (
     MGPU_ACCUMULATOR_MOST,
     MGPU_BLOCKS_M,
     MGPU_BLOCKS_N,
+    MGPU_MEMORY_REGISTERS,
+    MGPU_PIPELINE_KIB,
     MGPU_SMEM_PER_BLOCK,
+    MGPU_SWEPT_STAGES,
     MGPU_STAGES,
     SCOPED_VMEM_BYTES,
     SHARED_KIB_BY_CAPABILITY,
@@ -236,6 +239,45 @@ def mgpu_check_whole(kernel, dim, size, block, most):
             f'{kernel}: gpu_backend="mosaic_gpu" holds {dim} whole, up to {most}; got {dim}={size}'
             ' (use gpu_backend="triton")'
         )
+
+
+def mgpu_warpgroups(kernel, tiles, blocks, most=2):
+    """How many warpgroups compute a warp-specialized Mosaic GPU program: `most`, or fewer
+    where theirs do not fit a block's shared memory. Each holds its own `tiles` (their
+    bytes) beside the swept `blocks` in flight (bytes of each input's), which they share;
+    each buffer takes whole KiB (swizzled tiles are aligned so), and the pipeline's
+    barriers some more. Refuses, before anything compiles, a program whose one warpgroup
+    would not fit."""
+
+    def kib(sizes):
+        return sum(-(-size // 1024) for size in sizes)
+
+    for warpgroups in range(most, 0, -1):
+        needed = kib(warpgroups * size for size in tiles) + kib(blocks) + MGPU_PIPELINE_KIB
+        if needed * 1024 <= MGPU_SMEM_PER_BLOCK:
+            return warpgroups
+    raise ValueError(
+        f'{kernel}: gpu_backend="mosaic_gpu" needs {needed} KiB of shared memory at these sizes, more than the'
+        f' {MGPU_SMEM_PER_BLOCK // 1024} KiB of a block (use gpu_backend="triton")'
+    )
+
+
+def mgpu_warp_specialized(step, program, warpgroups, grid, in_specs):
+    """A pass over the swept dimension's blocks (`grid`, `in_specs`), warp-specialized: the
+    last warpgroup copies the blocks in by TMA, MGPU_SWEPT_STAGES in flight, while each of
+    the first `warpgroups` runs `program`, which calls the pipeline with its initial carry:
+    the pipeline calls `step(indices, *blocks, carry)` for each block, which returns the
+    next carry, and returns the last."""
+    return plgpu.emit_pipeline_warp_specialized(
+        step,
+        grid=grid,
+        in_specs=in_specs,
+        max_concurrent_steps=MGPU_SWEPT_STAGES,
+        num_compute_wgs=warpgroups,
+        memory_registers=MGPU_MEMORY_REGISTERS,
+        wg_axis="wg",
+        compute_context=program,
+    )
 
 
 def mgpu_check_choices(kernel, dims, chosen, depths, smem):

@@ -3,13 +3,18 @@ element and block of the dimensions outputs keep, sweeping the swept dimension's
 blocks with running values (the online softmax), as analysis.fused derives them and
 lowering.fused writes them.
 
-A program copies the blocks that do not vary along the swept dimension into shared
-memory once (TMA), then runs a pipeline (`plgpu.emit_pipeline`, two blocks in flight)
-over the swept dimension's blocks, its running values the pipeline's carry; a block
-where the kernel's `where` on positions is false everywhere (causal attention) is not
-computed (`jax.lax.cond`; the pipeline still copies it in). The outputs are computed from the carries, written to shared
-memory and copied out. All programs are one grid axis (Mosaic GPU's grid has three),
-decoded into each batch index and block.
+A program is warp-specialized, as jax's own Hopper attention (`ops/gpu/attention_mgpu.py`):
+its last warpgroup copies the swept dimension's blocks into shared memory by TMA, two in
+flight (`rt.mgpu_warp_specialized`), while each of the others, two where their tiles fit
+shared memory beside those blocks (`rt.mgpu_warpgroups`, chosen at the call) and else
+one, computes its own block of the first parallel dimension (attention's queries) from
+them: it copies its blocks that do not vary along the swept dimension in once, runs the
+pass over the shared blocks with its running values (and the values read before the
+pass) as the pipeline's carry, then computes its outputs, writes them to shared memory
+(an output takes the tile of an input not read after the pass) and copies them out. A
+block where the kernel's `where` on positions is false everywhere (causal attention) is
+not computed (`jax.lax.cond`; it is still copied in). All programs are one grid axis
+(Mosaic GPU's grid has three), decoded into each batch index and block.
 
 Tiles are 2-D values in the WGMMA register layout; a value of one dimension of a tile
 (a running max, a row's sum, `lse`) is a vector in the layout's row or column layout,
@@ -29,7 +34,10 @@ their identity past its size.
 
 from __future__ import annotations
 
+import re
+
 from pallasgen.analysis.carries import Carry
+from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
@@ -38,14 +46,14 @@ from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, copy_out, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
-from pallasgen.lowering.parts import if_residuals, tuple_code
+from pallasgen.lowering.parts import assigned_together, if_residuals, tuple_code
 from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
+from pallasgen.runtime.constants import MGPU_SWEPT_STAGES as PIPELINE_STAGES
 
 BLOCK = 64  # rows of a block of each blocked dimension: the WGMMA layout's row tile
 WHOLE_MULTIPLE = 64  # a dimension held whole is padded to a multiple of this (one swizzled row)
 WIDEST = 256  # the widest dimension held whole: wgmma's widest accumulator
-PIPELINE_STAGES = 2  # blocks of the swept dimension in flight
 
 
 def _children(node: ir.Expr) -> list[ir.Expr]:
@@ -306,7 +314,10 @@ class _Lowering(FusedLowering):
                     lines.append(f"{finals[carry.key]} = {finals[carry.key]} {op} {fitted}")
         factors = [f for c in sweep.carries for _, f in c.factors if not isinstance(f, Carry)]
         stores = self._store_all(sweep.finish, emitter, store)
-        return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
+        loads = [
+            pair for pair in self._load_pairs(sweep.finish, factors, skip=sweep.results) if pair[0] not in self.held
+        ]
+        return assigned_together(loads) + lines + stores  # what was read before the pass is in scope
 
     def _fitted(self, code: str, axes, carry: Carry) -> str:
         """A factor's value as it multiplies or divides a carry: spread if it is a vector of
@@ -339,44 +350,78 @@ class FusedPlanner:
         self.starts = {d: self.index[d] for d in fused.batch}
         self.starts |= {d: self.namer.claim(f"{d.lower()}_start") for d in fused.parallel}
         self.starts[self.checked.sweep.dim] = self.namer.claim(f"{self.checked.sweep.dim.lower()}_start")
+        self.split = fused.parallel[0] if fused.parallel else None  # the warpgroups share out its blocks
+        self.wg, self.warpgroups = self.namer.claim("wg"), self.namer.claim("warpgroups")
+        self.tile_bytes: list[str] = []  # of each computing warpgroup's tiles in shared memory
 
     def scratch(self, axes, dtype: str) -> str:
         """A shared-memory tile for a product's operand that is a value."""
         name = self.namer.claim("operand_smem")
-        shape = tuple_code([block_keyword(a) for a in axes])
-        dtype = jnp_dtype(dtype)
-        self.scratches.append((name, f"rt.mgpu_smem({shape}, {dtype})"))
+        self.scratches.append((name, f"rt.mgpu_smem({self._tile_shape(axes, dtype)}, {jnp_dtype(dtype)})"))
         return name
+
+    def _tile_shape(self, dims, dtype: str) -> str:
+        """A tile's shape in shared memory, one per computing warpgroup; its bytes noted."""
+        self.tile_bytes.append(" * ".join([str(DTYPES[dtype].bits // 8), *(block_keyword(d) for d in dims)]))
+        return tuple_code([self.warpgroups, *(block_keyword(d) for d in dims)])
 
     def plan(self):
         kernel = self.kernel
         code, lowering = self._code()
         streamed = [d for d in kernel.inputs if self.checked.sweep.dim in d.dims]
         once = [d for d in kernel.inputs if d not in streamed]
-        barrier = self.namer.claim("barrier")
         out = kernel.outputs[0]  # the blocks of its tile in shared memory, read from the tile's shape
         read = [block_keyword(d) for d in out.dims if d not in self.fused.batch]
-        body = [f"{', '.join(read)}{',' if len(read) == 1 else ''} = {self.smem[out.name]}.shape", *self._program()]
-        for number, decl in enumerate(once):
-            body.append(f"rt.mgpu_copy_in({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])")
-        body += [
-            *code.before,
-            *self._pipeline(code, lowering, streamed),
-            *code.finish,
-            *copy_out(
-                [(self.refs[d.name], self.smem[d.name], self._at(d)) for d in kernel.outputs],
-                {self.refs[o.spec_name] for o in self.lowered.residuals},
-            ),
+        taken = self._taken_tiles(once, code.finish)
+        own = [d for d in [*once, *kernel.outputs] if d not in taken]
+        scratch = [(self.smem[d.name], self._smem_type(d)) for d in own] + self.scratches
+        barriers = [self.namer.claim("barrier") for _ in once]  # a warpgroup's, for each input copied once
+        scratch += [(b, f"plgpu.Barrier(num_barriers={self.warpgroups})") for b in barriers]
+        gathered, ref = self.namer.claim("scratch"), self.namer.claim("ref")
+        names = [name for name, _ in scratch]
+        computed = f"a block of {self.split} each" if self.split else "the program's blocks"
+        wg, warpgroups = self.wg, self.warpgroups
+        body = [
+            f"# the first `{warpgroups}` warpgroups compute {computed}, the last copies {self.checked.sweep.dim}'s blocks in",
+            f'{wg}, {warpgroups} = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1',
+            f"{', '.join(names)}{',' if len(names) == 1 else ''} = ({ref}.at[{self.wg}] for {ref} in {gathered})",
+            *self._taking(taken),
+            f"{', '.join(read)}{',' if len(read) == 1 else ''} = {self.smem[out.name]}.shape",
+            *self._program(),
+            *self._pipeline(code, lowering, streamed, once, barriers),
         ]
-        scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
-        if once:  # a barrier per input copied once
-            scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
         every = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
         every = [name for name in every if name not in read]
         keywords = mentioned([*every, *(p.name for p in kernel.params)], body)
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
-        signature = (refs, [name for name, _ in scratch], keywords)
-        return self.base.finish(signature, body, self._launcher(keywords, [t for _, t in scratch]))
+        signature = ([*refs, f"*{gathered}", *keywords], [], [])
+        return self.base.finish(signature, body, self._launcher(keywords, [t for _, t in scratch], streamed))
+
+    def _taken_tiles(self, once, finish) -> dict:
+        """The outputs whose tiles are those of inputs copied once (same blocks, same dtype)
+        that nothing after the pass reads: each output's input."""
+        read_after = "\n".join(finish)
+        free = [d for d in once if not re.search(rf"\b{self.smem[d.name]}\b", read_after)]
+        taken = {}
+        for out in self.kernel.outputs:
+            tile = (self._tile_dims(out), out.dtype)
+            match = next((d for d in free if (self._tile_dims(d), d.dtype) == tile), None)
+            if match is not None:
+                free.remove(match)
+                taken[out] = match
+        return taken
+
+    def _taking(self, taken) -> list[str]:
+        """The line naming the tiles outputs take from inputs, and why they may."""
+        if not taken:
+            return []
+        outs, ins = [self.smem[o.name] for o in taken], [self.smem[d.name] for d in taken.values()]
+        read, held = " and ".join(d.name for d in taken.values()), " and ".join(o.name for o in taken)
+        tiles = "its tile then holds" if len(outs) == 1 else "their tiles then hold"
+        return [f"{', '.join(outs)} = {', '.join(ins)}  # {read} not read after the pass: {tiles} {held}"]
+
+    def _tile_dims(self, decl) -> list[str]:
+        return [d for d in decl.dims if d not in self.fused.batch]
 
     def _code(self):
         """The pass's code (lowering.fused, Mosaic GPU's way) and its lowering."""
@@ -412,14 +457,22 @@ class FusedPlanner:
 
     def _count(self, dim: str) -> str:
         """How many programs (batch elements or blocks) a grid dimension has."""
-        return self.sizes[dim] if dim in self.fused.batch else f"pl.cdiv({self.sizes[dim]}, {block_keyword(dim)})"
+        return self.sizes[dim] if dim in self.fused.batch else f"pl.cdiv({self.sizes[dim]}, {self._span(dim)})"
+
+    def _span(self, dim: str) -> str:
+        """A program's positions along a dimension it blocks: one block, or one per warpgroup."""
+        block = block_keyword(dim)
+        return f"{self.warpgroups} * {block}" if dim == self.split else block
 
     def _program(self) -> list[str]:
         """Which batch element and blocks this program computes, decoded from its index."""
         indices = ", ".join(self.index[d] for d in self.grid) + ("," if len(self.grid) == 1 else "")
         counts = ", ".join(self._count(d) for d in self.grid[1:])
         lines = [f"{indices} = rt.mgpu_grid_indices({counts})"] if self.grid else []  # one program: none
-        return lines + [f"{self.starts[d]} = {self.index[d]} * {block_keyword(d)}" for d in self.fused.parallel]
+        for d in self.fused.parallel:
+            index = f"({self.index[d]} * {self.warpgroups} + {self.wg})" if d == self.split else self.index[d]
+            lines.append(f"{self.starts[d]} = {index} * {block_keyword(d)}")
+        return lines
 
     def _at(self, decl) -> str:
         """The ref's view a program reads or writes: its batch element and its blocks of
@@ -438,30 +491,41 @@ class FusedPlanner:
 
     def _smem_type(self, decl) -> str:
         """A block of an array copied once, or of an output, in shared memory."""
-        dims = [d for d in decl.dims if d not in self.fused.batch]
-        shape = tuple_code([block_keyword(d) for d in dims])
-        dtype = jnp_dtype(decl.dtype)
+        dims = self._tile_dims(decl)
+        shape, dtype = self._tile_shape(dims, decl.dtype), jnp_dtype(decl.dtype)
         if len(dims) == 2:
             return f"rt.mgpu_smem({shape}, {dtype})"
         return f"plgpu.SMEM({shape}, {dtype})"
 
+    def _wrapped_span(self, dim: str) -> str:
+        span = self._span(dim)
+        return f"({span})" if " " in span else span
+
+    def _streamed_dims(self, decl) -> list[str]:
+        """The dimensions of an input's blocks along the swept dimension."""
+        return [d for d in decl.dims if d not in self.fused.batch and d not in self.fused.parallel]
+
     def _spec(self, decl) -> str:
         """The pipeline's block of an input along the swept dimension."""
-        fused, swept = self.fused, self.checked.sweep.dim
-        dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
+        swept = self.checked.sweep.dim
+        dims = self._streamed_dims(decl)
         index_map = tuple_code(["i" if d == swept else "0" for d in dims])
         shape = tuple_code([block_keyword(d) for d in dims])
         if len(dims) == 2:
             return f"rt.mgpu_spec({shape}, lambda i: {index_map}, {jnp_dtype(decl.dtype)})"
         return f"plgpu.BlockSpec({shape}, lambda i: {index_map})"
 
-    def _pipeline(self, code, lowering, streamed) -> list[str]:
-        """The pass over the swept dimension's blocks: a pipeline carrying the running values;
-        a block the skip's condition rules out leaves them as they are."""
+    def _pipeline(self, code, lowering, streamed, once, barriers) -> list[str]:
+        """The pass over the swept dimension's blocks, warp-specialized: a pipeline whose
+        last warpgroup copies the blocks in while the others each run `program` over them,
+        carrying the running values (and the values read before the pass, which the step
+        reads); a block the skip's condition rules out leaves them as they are."""
         swept, namer = self.checked.sweep.dim, self.namer
-        steps, carried, step, compute = (namer.claim(x) for x in ("indices", "carry", "step", "compute"))
+        steps, carried, step, compute, program, pipeline = (
+            namer.claim(x) for x in ("indices", "carry", "step", "compute", "program", "pipeline")
+        )
         names = [r.name for r in code.running]
-        unpacked = ", ".join(names) + ("," if len(names) == 1 else "")
+        unpacked = ", ".join([*names, *code.held]) + ("," if len(names) + len(code.held) == 1 else "")
         initial = []
         for r in code.running:
             if r.name in lowering.vector_axes:
@@ -469,6 +533,10 @@ class FusedPlanner:
                 initial.append(f"rt.mgpu_full({extent}, {r.initial}, {r.dtype}, {lowering.vector_axes[r.name]})")
             else:
                 initial.append(f"plgpu.layout_cast(jnp.full({r.shape}, {r.initial}, {r.dtype}), plgpu.Layout.WGMMA)")
+        if len(initial) > 1 and len(set(initial)) == 1 and not code.held:
+            first = f"({initial[0]},) * {len(initial)}"
+        else:
+            first = tuple_code([*initial, *code.held])
         step_body = [f"{unpacked} = {carried}", *code.step, f"return {unpacked}"]
         lines = [
             f"def {step}({', '.join([steps, *(self.smem[d.name] for d in streamed), carried])}):",
@@ -484,19 +552,35 @@ class FusedPlanner:
             ]
         else:
             lines += [f"    {line}" for line in step_body]
+        copies = [
+            f"rt.mgpu_copy_in({self._at(decl)}, {self.smem[decl.name]}, {barrier})"
+            for decl, barrier in zip(once, barriers)
+        ]
+        finals = ", ".join(names) + (", *_" if code.held else "," if len(names) == 1 else "")
+        outputs = copy_out(
+            [(self.refs[d.name], self.smem[d.name], self._at(d)) for d in self.kernel.outputs],
+            {self.refs[o.spec_name] for o in self.lowered.residuals},
+        )
         return lines + [
             "",
-            f"{unpacked} = plgpu.emit_pipeline(",
+            f"def {program}({pipeline}):  # a computing warpgroup's blocks: copied in, the pass over {swept}, written out",
+            *(
+                f"    {line}"
+                for line in [*copies, *code.before, f"{finals} = {pipeline}({first})", *code.finish, *outputs]
+            ),
+            "",
+            f"rt.mgpu_warp_specialized(",
             f"    {step},",
+            f"    {program},",
+            f"    {self.warpgroups},",
             f"    grid=({self._count(swept)},),",
             f"    in_specs={spec_list(self._spec(d) for d in streamed)},",
-            f"    max_concurrent_steps={PIPELINE_STAGES},",
-            f"    init_carry={f'({initial[0]},) * {len(initial)}' if len(initial) > 1 and len(set(initial)) == 1 else tuple_code(initial)},",
             f")({', '.join(self._at(d) for d in streamed)})",
         ]
 
-    def _launcher(self, keywords, scratch_types) -> tuple[str, ...]:
-        """Blocks, the arrays padded, the kernel, its outputs sliced back to their layout."""
+    def _launcher(self, keywords, scratch_types, streamed) -> tuple[str, ...]:
+        """Blocks, the warpgroups, the arrays padded, the kernel, its outputs sliced back to
+        their layout."""
         kernel, sizes = self.kernel, self.sizes
         lines = compact([f"{block_keyword(d)} = {BLOCK}" for d in self.blocked])
         for d in self.whole:
@@ -504,7 +588,18 @@ class FusedPlanner:
                 f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
                 f'rt.mgpu_check_whole("{kernel.name}", "{d}", {sizes[d]}, {block_keyword(d)}, {WIDEST})',
             ]
-        padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
+        blocks = [
+            " * ".join(
+                [str(PIPELINE_STAGES * DTYPES[d.dtype].bits // 8), *(block_keyword(a) for a in self._streamed_dims(d))]
+            )
+            for d in streamed
+        ]
+        lines.append(
+            f'{self.warpgroups} = rt.mgpu_warpgroups("{kernel.name}", {tuple_code(self.tile_bytes)}, {tuple_code(blocks)}'
+            + ("" if self.split else ", most=1")
+            + ")"
+        )
+        padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {self._wrapped_span(d)}" for d in self.blocked]
         for decl, plan in zip(kernel.inputs, self.lowered.inputs):
             value = self.values[decl.name]
             own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
@@ -526,6 +621,8 @@ class FusedPlanner:
             f"    scratch_types={spec_list(scratch_types)},",
             f"    grid=({' * '.join(self._count(d) for d in self.grid) or '1'},),",
             "    grid_names=('programs',),",
+            f"    num_threads={self.warpgroups} + 1,",
+            '    thread_name="wg",',
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
