@@ -6,6 +6,8 @@
 # the card with nothing). Writes into OUT:
 #   summary.txt   what passed and failed on each path, and the speed table
 #   speed.md      the table for benchmarks/RESULTS.md; speed.json its numbers
+#   attention_probes.json  benchmarks/mgpu_attention_probes.py's variants of Mosaic GPU
+#                 attention against jax's Hopper kernel and cuDNN (after the table)
 #   tuning.tgz    with TUNE=1: the specs' tuning files after `pallasgen tune --gpu` (below)
 #   logs.tgz      each slice's whole log
 #
@@ -28,15 +30,17 @@ python=${PYTHON:-python3}
 slices=${SLICES:-8}
 check_seconds=${CHECK_SECONDS:-270}
 speed_seconds=${SPEED_SECONDS:-210}
+probe_seconds=${PROBE_SECONDS:-150}
 tune_seconds=${TUNE_SECONDS:-60}
 # Products short of XLA in the H200's table (benchmarks/RESULTS.md), at its sizes.
 tuned=(${TUNED:-"batched_matmul:B=8,M=2048,N=2048,K=2048"})
 classes=(ragged small single aligned)
 parts=$slices
 speed_flags=()
+probe_flags=()
 if [[ $dry_run == --dry-run ]]; then
     # A twelfth of the kernels at one size class, interpreted; the speed rows at 1/64 size.
-    slices=2 parts=24 classes=(single) speed_flags=(--tiny --repeats 1)
+    slices=2 parts=24 classes=(single) speed_flags=(--tiny --repeats 1) probe_flags=(--dry-run)
 elif [[ -n $dry_run ]]; then
     echo "usage: benchmarks/gpu_check_all.sh OUT [--dry-run]" >&2
     exit 2
@@ -62,6 +66,12 @@ timeout "$speed_seconds" "$python" benchmarks/gpu_speed.py --out "$out" "${speed
 speed_status=$?
 
 speed_done=$SECONDS
+
+timeout "$probe_seconds" "$python" benchmarks/mgpu_attention_probes.py --out "$out" "${probe_flags[@]}" \
+    >"$out/logs/probes.log" 2>&1
+probe_status=$?
+probes_done=$SECONDS
+
 if [[ ${TUNE:-} == 1 ]]; then
     # pallasgen as installed (its templates as pallasgen.templates), imported first (-P: not the checkout's).
     site=$(mktemp -d)
@@ -96,9 +106,12 @@ fi
     echo
     echo "gpu_speed (exit $speed_status, $((speed_done - check_done)) s):"
     if [[ -f $out/speed.md ]]; then cat "$out/speed.md"; else tail -20 "$out/logs/speed.log"; fi
+    echo
+    echo "mgpu_attention_probes (exit $probe_status, $((probes_done - speed_done)) s):"
+    grep -E "^(causal|full) " "$out/logs/probes.log" || tail -5 "$out/logs/probes.log"
     if [[ ${TUNE:-} == 1 ]]; then
         echo
-        echo "pallasgen tune --gpu ($((SECONDS - speed_done)) s):"
+        echo "pallasgen tune --gpu ($((SECONDS - probes_done)) s):"
         grep -E "^tune |Error|error:|best|blocks" "$out/logs/tune.log" | tail -20
     fi
 } >"$out/summary.txt"
