@@ -127,7 +127,6 @@ def _leaky_vjp(x, dy, dmask, *, slope, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("y: f32[M, N]", "mask: i32[M, N]"),
-    sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -235,7 +234,6 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "dy: f32[M, N]"),
     outputs=("dx: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     params={"slope": jnp.float32},
     tpu=_leaky_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -359,7 +357,6 @@ def _bias_gelu_vjp(x, bias, scale, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]"),
     outputs=("y: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -507,7 +504,6 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dx: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -685,7 +681,6 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 @rt.kernel(
     inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dbias: f32[N] as [1, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_m_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -867,7 +862,6 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
 @rt.kernel(
     inputs=("x: bf16[M, N]", "bias: f32[N] as [1, N]", "scale: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dscale: f32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_bias_gelu_backward_over_n_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -991,7 +985,6 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "scale: f32[M] as [M, 1]"),
     outputs=("q: i8[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},

@@ -107,7 +107,6 @@ def _add_vectors_vjp(x, y, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[N]", "y: f32[N]"),
     outputs=("z: f32[N]",),
-    sizes={"N": "n"},
     tpu=_add_vectors_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"N": (1024, "1-D f32", 128)},

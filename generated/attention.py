@@ -1952,7 +1952,6 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
         "delta: f32[B, H, S] as [B, H, 1, S]",
     ),
     outputs=("dk: bf16[B, H, T, D]", "dv: bf16[B, H, T, D]"),
-    sizes={"B": "b", "H": "h", "T": "t", "D": "d", "S": "s"},
     params={"scale": jnp.float32},
     tpu=_attention_dkdv_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -2264,7 +2263,6 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
 @rt.kernel(
     inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
     outputs=("o: bf16[B, H, S, D]",),
-    sizes={"B": "b", "H": "h", "S": "s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -5100,7 +5098,6 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
 @rt.kernel(
     inputs=("dk_r: f32[B, G, R, T, D]", "dv_r: f32[B, G, R, T, D]"),
     outputs=("dk: bf16[B, G, T, D] as [B, G, 1, T, D]", "dv: bf16[B, G, T, D] as [B, G, 1, T, D]"),
-    sizes={"B": "b", "G": "g", "R": "r", "T": "t", "D": "d"},
     tpu=_gqa_backward_over_r_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
@@ -5357,7 +5354,6 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, K]", "w: bf16[K, N]"),
     outputs=("y: f32[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_softmax_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
@@ -5505,7 +5501,6 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
 @rt.kernel(
     inputs=("y: f32[M, N]", "dy: f32[M, N]"),
     outputs=("dacc: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_matmul_softmax_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows")},
@@ -5661,7 +5656,6 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
 @rt.kernel(
     inputs=("dacc: bf16[M, N]", "w: bf16[K, N]"),
     outputs=("dx: bf16[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_softmax_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -5820,7 +5814,6 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
 @rt.kernel(
     inputs=("x: bf16[M, K]", "dacc: bf16[M, N]"),
     outputs=("dw: bf16[K, N]",),
-    sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_softmax_backward_w_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
@@ -6065,7 +6058,6 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "w: bf16[K, N]"),
     outputs=("y: bf16[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_rmsnorm_matmul_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -6263,7 +6255,6 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]"),
     outputs=("lhs: bf16[M, K]", "mean_k: f32[M] as [M, 1]"),
-    sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows")},
@@ -6359,7 +6350,6 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
 @rt.kernel(
     inputs=("dy: bf16[M, N]", "w: bf16[K, N]"),
     outputs=("dlhs: bf16[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_rmsnorm_matmul_backward_lhs_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -6453,7 +6443,6 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
 @rt.kernel(
     inputs=("lhs: bf16[M, K]", "dy: bf16[M, N]"),
     outputs=("dw: bf16[K, N]",),
-    sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_rmsnorm_matmul_backward_w_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
@@ -6643,7 +6632,6 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
 @rt.kernel(
     inputs=("x: bf16[M, K]", "g: f32[K] as [1, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
     outputs=("dx: bf16[M, K]",),
-    sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows")},
@@ -6814,7 +6802,6 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
 @rt.kernel(
     inputs=("x: bf16[M, K]", "mean_k: f32[M] as [M, 1]", "dlhs: bf16[M, K]"),
     outputs=("dg: f32[K] as [1, K]",),
-    sizes={"M": "m", "K": "k"},
     tpu=_rmsnorm_matmul_lhs_backward_over_m_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows")},

@@ -145,7 +145,6 @@ def _giou_vjp(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps, gpu_backend
         "by2: f32[B, N]",
     ),
     outputs=("giou: f32[B, N]",),
-    sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -487,7 +486,6 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
         "dbx2: f32[B, N]",
         "dby2: f32[B, N]",
     ),
-    sizes={"B": "b", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_giou_backward_tpu,
     tpu_blocks=rt.TpuBlocks(

@@ -255,7 +255,6 @@ def _cross_entropy_vjp(logits, label, logsumexp_v, dloss, *, gpu_backend, interp
 @rt.kernel(
     inputs=("logits: bf16[M, V]", "label: i32[M] as [M, 1]"),
     outputs=("loss: f32[M] as [M, 1]",),
-    sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
@@ -417,7 +416,6 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
         "dloss: f32[M] as [M, 1]",
     ),
     outputs=("dlogits: bf16[M, V]",),
-    sizes={"M": "m", "V": "v"},
     tpu=_cross_entropy_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},

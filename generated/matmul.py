@@ -156,7 +156,6 @@ def _matmul_vjp(x, y, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, K]", "y: f32[K, N]"),
     outputs=("z: f32[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -310,7 +309,6 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
 @rt.kernel(
     inputs=("dz: f32[M, N]", "y: f32[K, N]"),
     outputs=("dx: f32[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -459,7 +457,6 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
 @rt.kernel(
     inputs=("x: f32[M, K]", "dz: f32[M, N]"),
     outputs=("dy: f32[K, N]",),
-    sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
@@ -649,7 +646,6 @@ def _matmul_relu_vjp(x, y, acc, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, K]", "y: f32[K, N]"),
     outputs=("z: f32[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_relu_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -868,7 +864,6 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
 @rt.kernel(
     inputs=("acc: f32[M, N]", "dz: f32[M, N]", "y: f32[K, N]"),
     outputs=("dx: f32[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_relu_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -1044,7 +1039,6 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
 @rt.kernel(
     inputs=("acc: f32[M, N]", "dz: f32[M, N]", "x: f32[M, K]"),
     outputs=("dy: f32[K, N]",),
-    sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_relu_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
@@ -1259,7 +1253,6 @@ def _matmul_bias_gelu_vjp(x, y, bias, acc, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, K]", "y: bf16[K, N]", "bias: f32[N] as [1, N]"),
     outputs=("z: bf16[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_bias_gelu_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -1511,7 +1504,6 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
 @rt.kernel(
     inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "y: bf16[K, N]"),
     outputs=("dx: bf16[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_matmul_bias_gelu_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -1832,7 +1824,6 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
 @rt.kernel(
     inputs=("acc: f32[M, N]", "bias: f32[N] as [1, N]", "dz: bf16[M, N]", "x: bf16[M, K]"),
     outputs=("dy: bf16[K, N]", "dbias: f32[N] as [1, N]"),
-    sizes={"K": "k", "N": "n", "M": "m"},
     tpu=_matmul_bias_gelu_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
@@ -2001,7 +1992,6 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
 @rt.kernel(
     inputs=("x: i8[M, K]", "y: i8[K, N]"),
     outputs=("z: i32[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_matmul_int8_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -2155,7 +2145,6 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[B, M, K]", "y: bf16[B, K, N]"),
     outputs=("z: f32[B, M, N]",),
-    sizes={"B": "b", "M": "m", "N": "n", "K": "k"},
     tpu=_batched_matmul_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -2367,7 +2356,6 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
 @rt.kernel(
     inputs=("dz: f32[B, M, N]", "y: bf16[B, K, N]"),
     outputs=("dx: bf16[B, M, K]",),
-    sizes={"B": "b", "M": "m", "K": "k", "N": "n"},
     tpu=_batched_matmul_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -2569,7 +2557,6 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
 @rt.kernel(
     inputs=("dz: f32[B, M, N]", "x: bf16[B, M, K]"),
     outputs=("dy: bf16[B, K, N]",),
-    sizes={"B": "b", "K": "k", "N": "n", "M": "m"},
     tpu=_batched_matmul_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
@@ -2831,7 +2818,6 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
 @rt.kernel(
     inputs=("ds: f32[B, S, T]",),
     outputs=("dacc: bf16[B, S, T]",),
-    sizes={"B": "b", "S": "s", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_scores_backward_epilogue_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -2977,7 +2963,6 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
 @rt.kernel(
     inputs=("dacc: bf16[B, S, T]", "k: bf16[B, T, D]"),
     outputs=("dq: bf16[B, S, D]",),
-    sizes={"B": "b", "S": "s", "D": "d", "T": "t"},
     tpu=_scores_backward_q_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"S": (16, "bf16 rows"), "D": (128, "lanes"), "T": (128, "lanes")},
@@ -3131,7 +3116,6 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
 @rt.kernel(
     inputs=("dacc: bf16[B, S, T]", "q: bf16[B, S, D]"),
     outputs=("dk: bf16[B, T, D]",),
-    sizes={"B": "b", "T": "t", "D": "d", "S": "s"},
     tpu=_scores_backward_k_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"T": (128, "lanes"), "D": (128, "lanes"), "S": (16, "bf16 rows")},
@@ -3301,7 +3285,6 @@ def _linear_vjp(x, w, bias, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, K]", "w: bf16[N, K]", "bias: f32[N] as [1, N]"),
     outputs=("y: bf16[M, N]",),
-    sizes={"M": "m", "N": "n", "K": "k"},
     tpu=_linear_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes"), "K": (128, "lanes")},
@@ -3442,7 +3425,6 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
 @rt.kernel(
     inputs=("dy: bf16[M, N]",),
     outputs=("dbias: f32[N] as [1, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_linear_backward_over_m_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
@@ -3590,7 +3572,6 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
 @rt.kernel(
     inputs=("dy: bf16[M, N]", "w: bf16[N, K]"),
     outputs=("dx: bf16[M, K]",),
-    sizes={"M": "m", "K": "k", "N": "n"},
     tpu=_linear_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
@@ -3738,7 +3719,6 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
 @rt.kernel(
     inputs=("dy: bf16[M, N]", "x: bf16[M, K]"),
     outputs=("dw: bf16[N, K]",),
-    sizes={"N": "n", "K": "k", "M": "m"},
     tpu=_linear_backward_w_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"N": (128, "lanes"), "K": (128, "lanes"), "M": (16, "bf16 rows")},

@@ -248,7 +248,6 @@ def _layer_norm_vjp(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps, gpu_backend,
 @rt.kernel(
     inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "b: f32[N] as [1, N]"),
     outputs=("y: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -531,7 +530,6 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
         "drstd: f32[M] as [M, 1]",
     ),
     outputs=("dx: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_layer_norm_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -744,7 +742,6 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, N]", "mu: f32[M] as [M, 1]", "rstd: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dw: f32[N] as [1, N]", "db: f32[N] as [1, N]"),
-    sizes={"M": "m", "N": "n"},
     tpu=_layer_norm_backward_over_m_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows")},
@@ -935,7 +932,6 @@ def _rms_norm_vjp(x, w, mean_n, dy, *, eps, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]"),
     outputs=("y: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -1132,7 +1128,6 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
 @rt.kernel(
     inputs=("x: bf16[M, N]", "w: f32[N] as [1, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dx: bf16[M, N]",),
-    sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
@@ -1302,7 +1297,6 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
 @rt.kernel(
     inputs=("x: bf16[M, N]", "mean_n: f32[M] as [M, 1]", "dy: bf16[M, N]"),
     outputs=("dw: f32[N] as [1, N]",),
-    sizes={"M": "m", "N": "n"},
     params={"eps": jnp.float32},
     tpu=_rms_norm_backward_over_m_tpu,
     tpu_blocks=rt.TpuBlocks(

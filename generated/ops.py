@@ -111,7 +111,6 @@ def _add_f32_vjp(x, y, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "y: f32[M, N]"),
     outputs=("z: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_add_f32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -219,7 +218,6 @@ def _mul_f32_vjp(x, y, dz, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "y: f32[M, N]"),
     outputs=("z: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -336,7 +334,6 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "y: f32[M, N]", "dz: f32[M, N]"),
     outputs=("dx: f32[M, N]", "dy: f32[M, N]"),
-    sizes={"M": "m", "N": "n"},
     tpu=_mul_f32_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -447,7 +444,6 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmax_f32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -667,7 +663,6 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i32[M, N]", "y: i32[M, N]"),
     outputs=("z: i32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_add_i32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
@@ -754,7 +749,6 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i32[M, N]", "y: i32[M, N]"),
     outputs=("z: i32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_mul_i32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
@@ -863,7 +857,6 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmax_i32_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "i32 rows")},
@@ -1054,7 +1047,6 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i8[M, N]", "y: i8[M, N]"),
     outputs=("z: i8[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_add_i8_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
@@ -1146,7 +1138,6 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i8[M, N]", "y: i8[M, N]"),
     outputs=("z: i8[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_mul_i8_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
@@ -1260,7 +1251,6 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: i8[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmax_i8_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows")},

@@ -121,7 +121,6 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmax_rows_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -232,7 +231,6 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmax_blocked_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -349,7 +347,6 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("i: i32[M] as [M, 1]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_argmin_rows_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -488,7 +485,6 @@ def _column_sums_vjp(x, ds, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("s: f32[N] as [1, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_column_sums_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -599,7 +595,6 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "ds: f32[N] as [1, N]"),
     outputs=("dx: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_column_sums_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
@@ -812,7 +807,6 @@ def _quantize_rows_int8_vjp(x, max_n, argmax_n, dq, dscale, *, gpu_backend, inte
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("q: i8[M, N]", "scale: f32[M] as [M, 1]"),
-    sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (32, "i8 rows")},
@@ -968,7 +962,6 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
 @rt.kernel(
     inputs=("x: f32[M, N]", "max_n: f32[M] as [M, 1]", "argmax_n: i32[M] as [M, 1]", "dscale: f32[M] as [M, 1]"),
     outputs=("dx: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_quantize_rows_int8_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},

@@ -238,7 +238,6 @@ def _softmax_vjp(x, sum_n, argmax_n, max_n, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("y: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_softmax_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -465,7 +464,6 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
         "dy: f32[M, N]",
     ),
     outputs=("dx: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_softmax_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -645,7 +643,6 @@ def _log_softmax_vjp(x, logsumexp_n, dy, *, gpu_backend, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]",),
     outputs=("y: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},
@@ -802,7 +799,6 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
 @rt.kernel(
     inputs=("x: f32[M, N]", "logsumexp_n: f32[M] as [M, 1]", "dy: f32[M, N]"),
     outputs=("dx: f32[M, N]",),
-    sizes={"M": "m", "N": "n"},
     tpu=_log_softmax_backward_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows")},

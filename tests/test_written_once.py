@@ -118,3 +118,13 @@ def test_a_kernel_whose_body_is_its_references_code_calls_the_reference_on_its_b
 )
 def test_a_body_with_a_let_per_output_or_a_name_the_call_would_shadow_stays_written_out(spec):
     assert "chain.reference(" not in generate(spec, "chain.pallas", "chain.pallas")
+
+
+def test_a_kernel_names_its_size_keywords_only_where_they_are_not_its_dimensions_in_lower_case():
+    """rt.kernel's default (`default_sizes`): each dimension's name in lower case, in the
+    order the outputs, then the inputs, first name them."""
+    assert "    sizes=" not in generate(SPEC, "fma.pallas", "fma.pallas")
+    clash = "kernel k {\n    in  x: f32[S, N]\n    out y: f32[S, N]\n    let s = x * 2\n    y = s + 1\n}\n"
+    assert '    sizes={"S": "size_s", "N": "n"},\n' in generate(clash, "k.pallas", "k.pallas")
+    product = "kernel k {\n    in  x: f32[M, K]\n    in  w: f32[K, N]\n    out y: f32[M, N]\n    y = x @ w\n}\n"
+    assert "    sizes=" not in generate(product, "k.pallas", "k.pallas")  # M, N (y's), then K

@@ -23,6 +23,7 @@ from pallasgen.lowering.parts import (
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import ReferenceSpelling
 from pallasgen.lowering.signature import KeywordGroup, Signature, param_default, signature
+from pallasgen.runtime.constants import default_sizes
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class KernelPlan:
     outputs: tuple[ArrayPlan, ...]
     signature: Signature
     sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
+    sizes_named: bool  # the decorator names them: they are not `default_sizes`
     reference_parameters: str  # the public function's: its arrays, then its params
     arguments: str  # the input arrays, in order
     reference_sizes: tuple[str, ...]
@@ -218,6 +220,7 @@ def plan_kernel(
     kernel, checked = public.kernel, public.checked
     values, sizes = public.values, lowered.sizes
     reference_body, needs_sizes = _reference_statements(public)
+    declared = kernel.outputs + kernel.inputs  # as the decorator declares them
     public_signature = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
     return KernelPlan(
         name=kernel.name,
@@ -226,6 +229,7 @@ def plan_kernel(
         outputs=lowered.outputs,
         signature=public_signature,
         sizes=tuple((sizes[d], d) for d in checked.dims),
+        sizes_named={d: sizes[d] for d in checked.dims} != default_sizes(d for a in declared for d in a.dims),
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={param_default(p)}" for p in kernel.params]
         ),
@@ -372,7 +376,10 @@ def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
     bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
-        checked.product or checked.fused or checked.sweep or lowered.residuals
+        checked.product
+        or checked.fused
+        or checked.sweep
+        or lowered.residuals
         or len(lets) <= len(kernel.outputs)
         or any(d.dims != layout for d in (*kernel.inputs, *kernel.outputs))
         or {d.name for d in kernel.inputs} - used_names(kernel)

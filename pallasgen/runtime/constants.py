@@ -5,6 +5,14 @@ from __future__ import annotations
 
 MIB = 1024 * 1024
 
+
+def default_sizes(dims) -> dict[str, str]:
+    """A generated kernel's keyword for each dimension's size where its decorator names
+    none (`rt.kernel`'s `sizes`): the dimension's name in lower case, in the order the
+    outputs, then the inputs, first name them (`dims`: their dimensions in that order)."""
+    return {dim: dim.lower() for dim in dims}
+
+
 # The values a generated function's `gpu_backend` keyword names (None, its default, lets
 # the kernel choose by the GPU: `support.gpu_kernel`).
 GPU_BACKENDS = ("triton", "mosaic_gpu")

@@ -61,6 +61,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime.constants import (
+    default_sizes,
     GPU_BACKENDS,
     GPU_LAUNCH_OPTIONS,
     MGPU_ACCUMULATOR_MOST,
@@ -565,7 +566,7 @@ def kernel(
     *,
     inputs,
     outputs,
-    sizes,
+    sizes=None,
     params=None,
     tpu_blocks=None,
     triton_options=None,
@@ -580,16 +581,18 @@ def kernel(
     """The public function of a generated kernel, made from its reference (the function it
     decorates: the same computation in plain jax.numpy, kept as `.reference`) and what
     launching its kernels takes: its `inputs` and `outputs` as the spec declares them (see
-    `declared_arrays`), the rest as `Kernel` takes them. Its docstring is the reference's
+    `declared_arrays`), each dimension's size keyword by default `default_sizes`, the rest
+    as `Kernel` takes them. Its docstring is the reference's
     with the arrays as Args and Returns (`with_arrays`) and its blocks and params as
     Keywords (`keyword_lines`), declared once, here."""
 
     def public(reference):
+        arrays = {"inputs": declared_arrays(inputs), "outputs": declared_arrays(outputs)}
+        named = [d for array in (*arrays["outputs"].values(), *arrays["inputs"].values()) for d in array[1]]
         made = Kernel(
             reference,
-            inputs=declared_arrays(inputs),
-            outputs=declared_arrays(outputs),
-            sizes=sizes,
+            **arrays,
+            sizes=sizes or default_sizes(named),
             params=params or {},
             launchers=launchers,
             tpu_blocks=tpu_blocks,
