@@ -552,6 +552,13 @@ TAKEN_SPECS = {
         "in q: bf16[S, D]\nin k: bf16[T, D]\nout i: i32[S]\ni = argmax(q @ k.T, T)\nblock S = 64, T = 64",
         {"S": 70, "T": 100, "D": 24},
     ),
+    # Attention with its queries held whole: no parallel dimension to share out, so one
+    # warpgroup computes the program's tiles beside the one that copies the key blocks in.
+    "attention-queries-held-whole": (
+        "in q: bf16[B, S, D]\nin k, v: bf16[B, T, D]\nout o: bf16[B, S, D]\n"
+        "o = softmax(q @ k.T, T) @ v\nblock B = 1, T = 64",
+        {"B": 2, "S": 40, "T": 100, "D": 64},
+    ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (
         "in x: i8[N]\nout s: i32[]\nout m: i8[]\ns = sum(x * x, N)\nm = max(x + 1, N)",

@@ -376,10 +376,7 @@ def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
     bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
-        checked.product
-        or checked.fused
-        or checked.sweep
-        or lowered.residuals
+        checked.product or checked.fused or checked.sweep or lowered.residuals
         or len(lets) <= len(kernel.outputs)
         or any(d.dims != layout for d in (*kernel.inputs, *kernel.outputs))
         or {d.name for d in kernel.inputs} - used_names(kernel)

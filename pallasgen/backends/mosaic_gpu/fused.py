@@ -384,7 +384,7 @@ class FusedPlanner:
         body = [
             f"# the first `{warpgroups}` warpgroups compute {computed}, the last copies {self.checked.sweep.dim}'s blocks in",
             f'{wg}, {warpgroups} = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1',
-            f"{', '.join(names)}{',' if len(names) == 1 else ''} = ({ref}.at[{self.wg}] for {ref} in {gathered})",
+            f"{', '.join(names)}{',' if len(names) == 1 else ''} = ({ref}.at[{wg}] for {ref} in {gathered})",
             *self._taking(taken),
             f"{', '.join(read)}{',' if len(read) == 1 else ''} = {self.smem[out.name]}.shape",
             *self._program(),
@@ -498,6 +498,7 @@ class FusedPlanner:
         return f"plgpu.SMEM({shape}, {dtype})"
 
     def _wrapped_span(self, dim: str) -> str:
+        """`_span` as an operand of `%`."""
         span = self._span(dim)
         return f"({span})" if " " in span else span
 

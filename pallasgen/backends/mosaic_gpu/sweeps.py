@@ -255,10 +255,7 @@ class SweepPlanner:
     def _block_loads(self, inputs) -> list[str]:
         positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
         return assigned_together(
-            [
-                (self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})")
-                for d in inputs
-            ]
+            [(self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})") for d in inputs]
         )
 
     def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:
