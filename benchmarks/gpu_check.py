@@ -31,7 +31,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # pallasgen and generated/ from this checkout
 
 from kernel_cases import (  # noqa: E402
     CASES,
