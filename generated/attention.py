@@ -557,6 +557,10 @@ def _attention_backward_dq_gpu_kernel(
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
+    delta = (
+        jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
+        - dlse
+    )
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -574,12 +578,6 @@ def _attention_backward_dq_gpu_kernel(
             )
             p = jnp.exp(s - lse)
             dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            delta = (
-                jnp.sum(
-                    rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
-                )
-                - dlse
-            )
             ds = p * (dp - delta)
             ds_1 = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
@@ -595,12 +593,6 @@ def _attention_backward_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
-    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
-    dlse = rt.load(dlse_ref, (in_s, None), other=0)
-    delta = (
-        jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
-        - dlse
-    )
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
@@ -654,7 +646,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
 
         def compute():
-            acc_t, o, do, lse, dlse = carry
+            acc_t, lse, delta = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -663,10 +655,6 @@ def _attention_backward_dq_mosaic_gpu_kernel(
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-            delta = (
-                jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
-                - dlse
-            )
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
@@ -676,7 +664,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return acc_t, o, do, lse, dlse
+            return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
@@ -690,11 +678,11 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
         do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
         dlse = rt.mgpu_load_vector(dlse_smem, 0)
-        acc_t, *_ = pipeline(
-            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse, dlse)
-        )
         delta = (
             jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1) - dlse
+        )
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), lse, delta)
         )
         delta_smem[...] = delta
         dq_smem[...] = acc_t.astype(jnp.bfloat16)
@@ -1366,6 +1354,7 @@ def _attention_dq_gpu_kernel(
     s_start = pl.program_id(2) * block_s
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -1383,9 +1372,6 @@ def _attention_dq_gpu_kernel(
             )
             p = jnp.exp(s - lse)
             dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            delta = jnp.sum(
-                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
-            )
             acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
             return acc_t
@@ -1394,8 +1380,6 @@ def _attention_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
-    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
 
@@ -1448,7 +1432,7 @@ def _attention_dq_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
 
         def compute():
-            acc_t, o, do, lse = carry
+            acc_t, lse, delta = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -1457,7 +1441,6 @@ def _attention_dq_mosaic_gpu_kernel(
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-            delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
             operand = rt.mgpu_fill_past(
                 (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16),
                 t_start,
@@ -1467,7 +1450,7 @@ def _attention_dq_mosaic_gpu_kernel(
                 ragged=t % block_t,
             )
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return acc_t, o, do, lse
+            return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
@@ -1479,10 +1462,10 @@ def _attention_dq_mosaic_gpu_kernel(
         rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
         o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
         do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
-        acc_t, *_ = pipeline(
-            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
-        )
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), lse, delta)
+        )
         delta_smem[...] = delta
         dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
         rt.mgpu_copy_out(
@@ -2389,6 +2372,7 @@ def _attention_full_backward_dq_gpu_kernel(
     in_d = rt.inside(0, block_d, d)
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, acc_t):
         t_start = index * block_t
@@ -2398,16 +2382,11 @@ def _attention_full_backward_dq_gpu_kernel(
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        delta = jnp.sum(
-            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
-        )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         return acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
-    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
@@ -2460,15 +2439,14 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
-        acc_t, o, do, lse = carry
+        acc_t, lse, delta = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-        return acc_t, o, do, lse
+        return acc_t, lse, delta
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
         rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
@@ -2477,10 +2455,10 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
         o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
         do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
-        acc_t, *_ = pipeline(
-            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
-        )
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), lse, delta)
+        )
         delta_smem[...] = delta
         dq_smem[...] = acc_t.astype(jnp.bfloat16)
         rt.mgpu_copy_out(
@@ -3408,6 +3386,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     s_start = pl.program_id(2) * block_s
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -3425,9 +3404,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
             )
             p = jnp.exp(s - lse)
             dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            delta = jnp.sum(
-                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
-            )
             ds = p * (dp - delta)
             ds_1 = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
@@ -3443,8 +3419,6 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
-    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
@@ -3499,7 +3473,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
 
         def compute():
-            acc_t, o, do, lse = carry
+            acc_t, lse, delta = carry
             s = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
                 >= rt.mgpu_spread(rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
@@ -3508,7 +3482,6 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             )
             p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-            delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
                 rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0)
@@ -3518,7 +3491,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-            return acc_t, o, do, lse
+            return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
@@ -3530,10 +3503,10 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         rt.mgpu_copy_in(lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
         o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
         do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
-        acc_t, *_ = pipeline(
-            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
-        )
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), lse, delta)
+        )
         delta_smem[...] = delta
         dq_smem[...] = acc_t.astype(jnp.bfloat16)
         rt.mgpu_copy_out(
@@ -4459,6 +4432,7 @@ def _gqa_backward_dq_gpu_kernel(
     in_d = rt.inside(0, block_d, d)
     q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
     do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, acc_t):
         t_start = index * block_t
@@ -4468,16 +4442,11 @@ def _gqa_backward_dq_gpu_kernel(
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        delta = jnp.sum(
-            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True
-        )
         ds = p * (dp - delta)
         acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         return acc_t + jnp.dot(acc_t_lhs, k, preferred_element_type=jnp.float32)
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
-    o, do = rt.load(o_ref, (in_s, in_d), other=0), rt.load(do_ref, (in_s, in_d), other=0)
-    delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
     rt.store(delta_ref, delta, (in_s, None))
     rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
 
@@ -4532,15 +4501,14 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
-        acc_t, o, do, lse = carry
+        acc_t, lse, delta = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
         p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
-        delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
-        return acc_t, o, do, lse
+        return acc_t, lse, delta
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
         rt.mgpu_copy_in(q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier)
@@ -4549,10 +4517,10 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         rt.mgpu_copy_in(lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier_4)
         o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
         do, lse = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA), rt.mgpu_load_vector(lse_smem, 0)
-        acc_t, *_ = pipeline(
-            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), o, do, lse)
-        )
         delta = jnp.sum(rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1)
+        acc_t, *_ = pipeline(
+            (plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA), lse, delta)
+        )
         delta_smem[...] = delta
         dq_smem[...] = acc_t.astype(jnp.bfloat16)
         rt.mgpu_copy_out(

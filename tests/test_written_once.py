@@ -111,7 +111,9 @@ def test_a_kernel_whose_body_is_its_references_code_calls_the_reference_on_its_b
 @pytest.mark.parametrize(
     "spec",
     [
-        CHAIN.replace("    let a = x * y\n    let b = a + x\n    z = b * b", "    let a = x * y\n    z = a + x"),  # one let
+        CHAIN.replace(
+            "    let a = x * y\n    let b = a + x\n    z = b * b", "    let a = x * y\n    z = a + x"
+        ),  # one let
         CHAIN.replace("x", "chain"),  # an input named as the kernel: the call would read the array
         CHAIN.replace("in  y", "param chain: f32 = 2.0\n    in  y").replace("x * y", "x * chain"),  # a param
     ],
@@ -128,3 +130,40 @@ def test_a_kernel_names_its_size_keywords_only_where_they_are_not_its_dimensions
     assert '    sizes={"S": "size_s", "N": "n"},\n' in generate(clash, "k.pallas", "k.pallas")
     product = "kernel k {\n    in  x: f32[M, K]\n    in  w: f32[K, N]\n    out y: f32[M, N]\n    y = x @ w\n}\n"
     assert "    sizes=" not in generate(product, "k.pallas", "k.pallas")  # M, N (y's), then K
+
+
+DELTA = """kernel dq {
+    in  q: bf16[S, D]
+    in  k, v: bf16[T, D]
+    in  o, do: bf16[S, D]
+    in  lse: f32[S]
+    out dq: bf16[S, D]
+    out delta: f32[S]
+    let p = exp((q @ k.T) - lse)
+    let dp = do @ v.T
+    delta = sum(f32(do) * f32(o), D)
+    dq = bf16(p * (dp - delta)) @ k
+    block S = 64, T = 64
+}
+"""
+
+
+def _function(source: str, name: str) -> str:
+    """The text of the generated function `name`, up to the next top-level one."""
+    return source.split(f"\ndef {name}(")[1].split("\ndef ")[0]
+
+
+def test_a_value_of_the_pass_that_does_not_vary_along_it_is_computed_once_before_it_on_gpus():
+    """delta, a reduction of the once-read o and do, is computed before the pass over T
+    (Triton's loop, Mosaic GPU's pipeline, which carries it instead of o and do) and
+    stored as it is after it; on TPU each step is a program of its own and computes it."""
+    source = generate(DELTA, "dq.pallas", "dq.pallas")
+    for kernel in ("_dq_gpu_kernel", "_dq_mosaic_gpu_kernel"):
+        code = _function(source, kernel)
+        computed = [line for line in code.splitlines() if line.strip().startswith("delta = ")]
+        assert len(computed) == 1 and code.count("jnp.sum(") == 1, kernel
+        step = code.split("def step")[1] if "def step" in code else code.split("def accumulate")[1]
+        assert "o.astype" not in step.split("return")[0], kernel  # not in the pass
+    assert "acc_t, lse, delta = carry" in _function(source, "_dq_mosaic_gpu_kernel")
+    tpu = _function(source, "_dq_kernel")
+    assert tpu.count("jnp.sum(") == 2  # in each step's strip, and in the last step's outputs

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES, promote, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.carries import Carry, walk_outside
+from pallasgen.analysis.carries import Carry, named, walk_outside
 from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import assigned_together, body_statements, read_where_used, tuple_code
@@ -58,7 +58,10 @@ class FusedCode:
 
 
 class Placement:
-    """Where a backend keeps running values: as values (a loop's carries) by default."""
+    """Where a backend keeps running values: as values (a loop's carries) by default.
+    There a value computed before the pass is in scope in every step and after it."""
+
+    hoists = True
 
     def read(self, name: str) -> str:
         return name
@@ -68,7 +71,10 @@ class Placement:
 
 
 class RefPlacement(Placement):
-    """Running values in scratch Refs (TPU): read and written whole."""
+    """Running values in scratch Refs (TPU): read and written whole. Each step is a
+    program of its own: a value it does not carry is computed in each."""
+
+    hoists = False
 
     def read(self, name: str) -> str:
         return f"{name}[...]"
@@ -271,10 +277,14 @@ class FusedLowering:
         loads = self._load_pairs(sweep.step, [c.value for c in sweep.carries])
         varying = {self.lowered.values[d.name] for d in self.checked.kernel.inputs if dim in d.dims}
         held = [load for load in loads if load[0] not in varying]
-        before, self.held = assigned_together(held), {name for name, _ in held}
+        self.hoisted = self._hoisted(sweep) if self.placement.hoists else ()
+        before = assigned_together(held) + [
+            f"{self.lowered.values[s.name]} = {emitter.emit(s.value)}" for s in self.hoisted
+        ]
+        self.held = {name for name, _ in held} | {self.lowered.values[s.name] for s in self.hoisted}
         lines = assigned_together([load for load in loads if load[0] in varying])
         pending = [c for c in sweep.carries if c.kind == "max"]
-        emitted: set[str] = set()
+        emitted: set[str] = {s.name for s in self.hoisted}
         lets = {s.name: s for s in sweep.step}
 
         def ready(carry):
@@ -299,6 +309,8 @@ class FusedLowering:
 
         flush()
         for statement in sweep.step:
+            if statement in self.hoisted:
+                continue
             self._prepare([statement.value], overrides, emitter, extra)
             lines.append(f"{self.lowered.values[statement.name]} = {emitter.emit(statement.value)}")
             emitted.add(statement.name)
@@ -313,7 +325,40 @@ class FusedLowering:
 
         finish = self._finish(sweep, names, store)
         skip = self._skip_condition(emitter)
-        return FusedCode(tuple(running), tuple(lines), skip, tuple(finish), tuple(before), tuple(n for n, _ in held))
+        step_text = "\n".join(lines)
+        computed_before = [name for name, _ in held] + [self.lowered.values[s.name] for s in self.hoisted]
+        carried = [name for name in computed_before if re.search(rf"\b{name}\b", step_text)]
+        return FusedCode(tuple(running), tuple(lines), skip, tuple(finish), tuple(before), tuple(carried))
+
+    def _hoisted(self, sweep) -> tuple[ir.Let, ...]:
+        """The lets of a step computed once, before the pass: reductions of values that do
+        not vary along it (attention's delta = sum(do * o, D)), and lets of those."""
+        kernel = self.checked.kernel
+        fixed = {d.name for d in kernel.inputs if sweep.dim not in d.dims} | {p.name for p in kernel.params}
+        fixed |= set(self.checked.dims)  # a reduction's dimension
+        special = {*sweep.results, *sweep.running, *sweep.softmaxes, *sweep.unfactored}
+        found: list[ir.Let] = []
+        for statement in sweep.step:
+            nodes = list(ir.walk(statement.value))
+            read = {n.id for n in nodes if isinstance(n, ir.Name)}
+            done = {s.name for s in found}
+            if sweep.dim in self.types[statement.value].dims or not read <= fixed | done:
+                continue
+            if any(n in special or _product(n) or _positional(n) for n in nodes):
+                continue
+            if read & done or any(isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer for n in nodes):
+                found.append(statement)
+        return tuple(found)
+
+    def _finish_statements(self, sweep, overrides) -> tuple[tuple[ir.Statement, ...], tuple[ir.Expr, ...]]:
+        """The statements after the pass, but the lets computed before it, which are in
+        scope: an output among them is stored by its name (set in `overrides`). And the
+        nodes whose inputs need no load: the carries' and those."""
+        hoisted = {s.name: self.lowered.values[s.name] for s in self.hoisted}
+        outputs = {s.value: hoisted[s.target] for s in sweep.finish if named(s) in hoisted}
+        overrides.update(outputs)
+        statements = tuple(s for s in sweep.finish if not (isinstance(s, ir.Let) and s.name in hoisted))
+        return statements, (*sweep.results, *outputs)
 
     def _carry_names(self, carry: Carry) -> list[str]:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
@@ -448,8 +493,9 @@ class FusedLowering:
                 overrides[node] = f"rt.logsumexp_finish({top}, {finals[carry.key]})"
             else:
                 overrides[node] = finals[carry.key]
+        statements, computed = self._finish_statements(sweep, overrides)
         emitter = self.emitter_for(overrides)
-        self._prepare([s.value for s in sweep.finish], overrides, emitter)
+        self._prepare([s.value for s in statements], overrides, emitter)
         # Factors that are values of the last step (not carries) are applied here.
         for carry in sweep.carries:
             for op, factor in carry.factors:
@@ -457,13 +503,13 @@ class FusedLowering:
                     self._prepare([factor], overrides, emitter)
                     lines.append(f"{finals[carry.key]} = {finals[carry.key]} {op} {emitter.emit(factor)}")
         factors = [f for c in sweep.carries for _, f in c.factors if not isinstance(f, Carry)]
-        stores = self._store_all(sweep.finish, emitter, store)
+        stores = self._store_all(statements, emitter, store)
         # A carry the end reads only through another (the max behind logsumexp) needs no line of its own.
         read = [line for line in [*lines, *stores]]
         lines = [
             line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)
         ]
-        loads = self._loads(sweep.finish, factors, skip=sweep.results)
+        loads = self._loads(statements, factors, skip=computed)
         if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
             return read_where_used([*lines, *loads, *stores])
         return read_where_used([*loads, *lines, *stores])
@@ -492,6 +538,14 @@ def used_starts(lines: list[str], starts: list[str]) -> list[str]:
     """The lines `name = ...` of `starts` whose name some line of `lines` reads."""
     text = "\n".join(lines)
     return [line for line in starts if re.search(rf"\b{re.escape(line.split(' = ')[0])}\b", text)]
+
+
+def _product(node: ir.Expr) -> bool:
+    return isinstance(node, ir.Binary) and node.op == "@"
+
+
+def _positional(node: ir.Expr) -> bool:
+    return isinstance(node, ir.Call) and node.func in ("index", "size")
 
 
 def _lets_read(node: ir.Expr, lets) -> set[str]:

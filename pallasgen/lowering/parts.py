@@ -184,7 +184,8 @@ def body_statements(kernel, statements, emitter: Emitter, values, refs, checked,
         if store is None:
             body.append(f"{values[out.name]} = {value}")
         elif out.name in used:
-            body += [f"{values[out.name]} = {value}", store(out, values[out.name])]
+            computed = [] if value == values[out.name] else [f"{values[out.name]} = {value}"]  # else in scope
+            body += [*computed, store(out, values[out.name])]
         else:
             body.append(store(out, value))
     return body

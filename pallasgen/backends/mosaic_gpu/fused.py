@@ -304,8 +304,9 @@ class _Lowering(FusedLowering):
                 overrides[node] = f"rt.logsumexp_finish({finals[('max', carry.key[1])]}, {finals[carry.key]})"
             else:
                 overrides[node] = finals[carry.key]
+        statements, computed = self._finish_statements(sweep, overrides)
         emitter = self.emitter_for(overrides)
-        self._prepare([s.value for s in sweep.finish], overrides, emitter)
+        self._prepare([s.value for s in statements], overrides, emitter)
         for carry in sweep.carries:  # factors that are values of the last step, not carries
             for op, factor in carry.factors:
                 if not isinstance(factor, Carry):
@@ -313,10 +314,8 @@ class _Lowering(FusedLowering):
                     fitted = self._fitted(emitter.emit(factor), self.fused.frame[factor], carry)
                     lines.append(f"{finals[carry.key]} = {finals[carry.key]} {op} {fitted}")
         factors = [f for c in sweep.carries for _, f in c.factors if not isinstance(f, Carry)]
-        stores = self._store_all(sweep.finish, emitter, store)
-        loads = [
-            pair for pair in self._load_pairs(sweep.finish, factors, skip=sweep.results) if pair[0] not in self.held
-        ]
+        stores = self._store_all(statements, emitter, store)
+        loads = [pair for pair in self._load_pairs(statements, factors, skip=computed) if pair[0] not in self.held]
         return assigned_together(loads) + lines + stores  # what was read before the pass is in scope
 
     def _fitted(self, code: str, axes, carry: Carry) -> str:
