@@ -70,6 +70,16 @@ speed_done=$SECONDS
 timeout "$probe_seconds" "$python" benchmarks/mgpu_attention_probes.py --out "$out" "${probe_flags[@]}" \
     >"$out/logs/probes.log" 2>&1
 probe_status=$?
+if [[ $probe_status == 124 ]]; then
+    # A variant hung the GPU: the others after it, once more (the probes name each as they check it).
+    hung=$(grep ': checking$' "$out/logs/probes.log" | tail -1 | awk '{print $2}' | tr -d :)
+    mapfile -t rest < <("$python" -c "import sys; sys.argv = ['']; sys.path.insert(0, 'benchmarks')
+import mgpu_attention_probes as p; names = list(p.VARIANTS); print(*names[names.index('$hung') + 1:], sep='\n')" 2>/dev/null)
+    if ((${#rest[@]})); then
+        echo "probes: $hung hung; again with ${rest[*]}" >>"$out/logs/probes.log"
+        timeout "$probe_seconds" "$python" benchmarks/mgpu_attention_probes.py "${rest[@]}" >>"$out/logs/probes.log" 2>&1
+    fi
+fi
 probes_done=$SECONDS
 
 if [[ ${TUNE:-} == 1 ]]; then
