@@ -5177,9 +5177,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-def _matmul_softmax_stage_1_mosaic_gpu_kernel(
-    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_softmax_stage_1_mosaic_gpu_kernel(x_ref, w_ref, acc_ref, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -5196,10 +5194,16 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
-        out_smem[...] = product_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = product_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
 _matmul_softmax_stage_1_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K"))
@@ -5212,7 +5216,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options.table, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
+    smem_bytes = max(stages * 2 * (block_m + block_n) * block_k, 4 * block_m * block_n)
     rt.mgpu_check_choices("matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -5221,7 +5225,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
             _matmul_softmax_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -5573,7 +5577,7 @@ def _matmul_softmax_backward_x_gpu(dacc, w, *, m, k, n, block_m, block_k, block_
 
 # Also `rmsnorm_matmul_backward_lhs`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_x_mosaic_gpu_kernel(
-    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+    dacc_ref, w_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
@@ -5591,14 +5595,20 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref, w_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
 def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
-    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
+    smem_bytes = max(stages * 2 * (block_m + block_k) * block_n, 2 * block_m * block_k)
     rt.mgpu_check_choices(
         "matmul_softmax_backward_x", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
@@ -5613,7 +5623,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -5732,7 +5742,7 @@ def _matmul_softmax_backward_w_gpu(x, dacc, *, k, n, m, block_k, block_n, block_
 
 # Also `rmsnorm_matmul_backward_w`'s: the same code but for its names, written once.
 def _matmul_softmax_backward_w_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+    x_ref, dacc_ref, dw_ref, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
@@ -5750,14 +5760,20 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_k, block_n), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n, block_m, stages, interpret):
-    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
+    smem_bytes = max(stages * 2 * (block_k + block_n) * block_m, 2 * block_k * block_n)
     rt.mgpu_check_choices("matmul_softmax_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -5771,7 +5787,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -5951,9 +5967,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k]
 
 
-def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
-    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(w_ref, lhs_ref, y_ref, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -5970,10 +5984,16 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
 _rmsnorm_matmul_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "N", "K"))
@@ -5986,7 +6006,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
     block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options.table, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n
+    smem_bytes = max(stages * 2 * (block_m + block_n) * block_k, 2 * block_m * block_n)
     rt.mgpu_check_choices("rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
@@ -5995,7 +6015,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
             _rmsnorm_matmul_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -6292,7 +6312,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(dy, w, *, m, k, n, block_m, block_k, block_
 
 
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
-    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
+    smem_bytes = max(stages * 2 * (block_m + block_k) * block_n, 2 * block_m * block_k)
     rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_lhs", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
@@ -6307,7 +6327,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -6386,7 +6406,7 @@ def _rmsnorm_matmul_backward_w_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_
 
 
 def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, stages, interpret):
-    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
+    smem_bytes = max(stages * 2 * (block_k + block_n) * block_m, 2 * block_k * block_n)
     rt.mgpu_check_choices("rmsnorm_matmul_backward_w", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
@@ -6400,7 +6420,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,

@@ -106,7 +106,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
+def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -123,14 +123,20 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, interpret):
-    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 4 * block_m * block_n
+    smem_bytes = max(stages * 4 * (block_m + block_n) * block_k, 4 * block_m * block_n)
     rt.mgpu_check_choices("matmul", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -138,7 +144,7 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, inte
     (z,) = plgpu.kernel(
         functools.partial(_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -263,9 +269,7 @@ def _matmul_backward_x_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, num_war
     )(dz, y)
 
 
-def _matmul_backward_x_mosaic_gpu_kernel(
-    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
+def _matmul_backward_x_mosaic_gpu_kernel(dz_ref, y_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -282,14 +286,20 @@ def _matmul_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dz_ref, y_ref)
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
 def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, stages, interpret):
-    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
+    smem_bytes = max(stages * 4 * (block_m + block_k) * block_n, 4 * block_m * block_k)
     rt.mgpu_check_choices("matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -298,7 +308,7 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
             _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -409,9 +419,7 @@ def _matmul_backward_y_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, num_war
 
 
 # Also `matmul_relu_backward_y`'s: the same code but for its names, written once.
-def _matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
-):
+def _matmul_backward_y_mosaic_gpu_kernel(x_ref, dz_ref, dy_ref, barrier, *, block_k, block_n, block_m, stages):
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -428,14 +436,20 @@ def _matmul_backward_y_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, dz_ref)
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_k, block_n), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, stages, interpret):
-    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
+    smem_bytes = max(stages * 4 * (block_k + block_n) * block_m, 4 * block_k * block_n)
     rt.mgpu_check_choices("matmul_backward_y", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes)
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
@@ -446,7 +460,7 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
             _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -578,9 +592,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
-):
+def _matmul_relu_mosaic_gpu_kernel(x_ref, y_ref, z_ref, acc_ref, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -597,21 +609,31 @@ def _matmul_relu_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        acc = product_ref[...]
-        if acc_ref is not None:
-            acc_smem[...] = acc
-        out_smem[...] = jnp.maximum(acc, 0)
+
+        def epilogue(out_smem, acc_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            acc = product_ref[...]
+            if acc_ref is not None:
+                acc_smem[...] = acc
+            out_smem[...] = jnp.maximum(acc, 0)
+            rt.mgpu_copy_out(
+                (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+            if acc_ref is not None:
+                rt.mgpu_copy_out(
+                    (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+                )
+
+        pl.run_scoped(
+            epilogue,
+            rt.mgpu_smem((block_m, block_n), jnp.float32),
+            rt.mgpu_smem((block_m, block_n), jnp.float32) if acc_ref is not None else None,
+        )
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
-    if acc_ref is not None:
-        rt.mgpu_copy_out(
-            (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
-        )
 
 
 def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, residuals, interpret):
-    smem_bytes = stages * 4 * (block_m + block_n) * block_k + 8 * block_m * block_n
+    smem_bytes = max(stages * 4 * (block_m + block_n) * block_k, 8 * block_m * block_n)
     rt.mgpu_check_choices("matmul_relu", "M N K", (block_m, block_n, block_k, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
@@ -624,11 +646,7 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.float32),
-            rt.mgpu_smem((block_m, block_n), jnp.float32) if residuals else None,
-            plgpu.Barrier(num_barriers=1),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -796,7 +814,7 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 
 
 def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+    y_ref, lhs_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
@@ -814,10 +832,16 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
 _matmul_relu_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 32, 2)}, ("M", "K", "N"))
@@ -830,7 +854,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options.table, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    smem_bytes = stages * 4 * (block_m + block_k) * block_n + 4 * block_m * block_k
+    smem_bytes = max(stages * 4 * (block_m + block_k) * block_n, 4 * block_m * block_k)
     rt.mgpu_check_choices(
         "matmul_relu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes
     )
@@ -845,7 +869,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -1007,7 +1031,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options.table, (k, n, m), (block_k, block_n, block_m, stages)
     )
-    smem_bytes = stages * 4 * (block_k + block_n) * block_m + 4 * block_k * block_n
+    smem_bytes = max(stages * 4 * (block_k + block_n) * block_m, 4 * block_k * block_n)
     rt.mgpu_check_choices(
         "matmul_relu_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (8, 16, 32), smem_bytes
     )
@@ -1020,7 +1044,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
             _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -1180,9 +1204,8 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, *scratch, block_m, block_n, block_k, stages
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, barrier, bias_smem, *, block_m, block_n, block_k, stages
 ):
-    out_smem, acc_smem, barrier, bias_smem = scratch
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(product_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1200,22 +1223,32 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
         rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
-        acc = product_ref[...]
-        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        if acc_ref is not None:
-            acc_smem[...] = acc
-        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+        def epilogue(out_smem, acc_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            acc = product_ref[...]
+            bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+            if acc_ref is not None:
+                acc_smem[...] = acc
+            out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+            if acc_ref is not None:
+                rt.mgpu_copy_out(
+                    (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+                )
+
+        pl.run_scoped(
+            epilogue,
+            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
+            rt.mgpu_smem((block_m, block_n), jnp.float32) if acc_ref is not None else None,
+        )
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
-    if acc_ref is not None:
-        rt.mgpu_copy_out(
-            (acc_smem, acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
-        )
 
 
 def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, stages, residuals, interpret):
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 6 * block_m * block_n + 4 * block_n
+    smem_bytes = max(stages * 2 * (block_m + block_n) * block_k, 6 * block_m * block_n) + 4 * block_n
     rt.mgpu_check_choices("matmul_bias_gelu", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
@@ -1228,12 +1261,7 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
-            rt.mgpu_smem((block_m, block_n), jnp.float32) if residuals else None,
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -1436,7 +1464,7 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
 
 
 def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+    y_ref, lhs_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
@@ -1454,10 +1482,16 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
 _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("M", "K", "N"))
@@ -1470,7 +1504,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options.table, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
+    smem_bytes = max(stages * 2 * (block_m + block_k) * block_n, 2 * block_m * block_k)
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
@@ -1485,7 +1519,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -1754,7 +1788,7 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
 
 
 def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
-    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+    x_ref, rhs_ref, dy_ref, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k, program_n = jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
@@ -1772,10 +1806,16 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, rhs_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_k, block_n), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)]))
 
 
 _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("K", "N", "M"))
@@ -1788,7 +1828,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options.table, (k, n, m), (block_k, block_n, block_m, stages)
     )
-    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
+    smem_bytes = max(stages * 2 * (block_k + block_n) * block_m, 2 * block_k * block_n)
     rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_y_stage_3", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
@@ -1804,7 +1844,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_k // block_k, padded_n // block_n),
         grid_names=("K", "N"),
         interpret=interpret,
@@ -1947,7 +1987,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
+def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, barrier, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -1964,14 +2004,20 @@ def _matmul_int8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, bl
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.int32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
-    rt.mgpu_copy_out((out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
 def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, interpret):
-    smem_bytes = stages * 1 * (block_m + block_n) * block_k + 4 * block_m * block_n
+    smem_bytes = max(stages * 1 * (block_m + block_n) * block_k, 4 * block_m * block_n)
     rt.mgpu_check_choices("matmul_int8", "M N K", (block_m, block_n, block_k, stages), (32, 64, 128), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
@@ -1981,7 +2027,7 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
             _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.int32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -2092,7 +2138,7 @@ def _batched_matmul_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, num_warp
     )(x, y)
 
 
-def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages):
+def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, barrier, *, block_m, block_n, block_k, stages):
     program_b, program_m, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -2109,16 +2155,23 @@ def _batched_matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *,
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
-        out_smem[...] = acc_ref[...]
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...]
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    z_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, z_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
-    )
 
 
 def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, stages, interpret):
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 4 * block_m * block_n
+    smem_bytes = max(stages * 2 * (block_m + block_n) * block_k, 4 * block_m * block_n)
     rt.mgpu_check_choices("batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
@@ -2127,7 +2180,7 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, s
             _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_m, block_n), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_n // block_n),
         grid_names=("B", "M", "N"),
         interpret=interpret,
@@ -2286,7 +2339,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 
 
 def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
+    y_ref, lhs_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages
 ):
     program_b, program_m, program_k = jax.lax.axis_index("B"), jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
@@ -2304,12 +2357,19 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(lhs_ref.at[program_b], y_ref.at[program_b])
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    dx_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, dx_ref.at[program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
-    )
 
 
 _batched_matmul_backward_x_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "M", "K", "N"))
@@ -2322,7 +2382,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options.table, (b, m, k, n), (block_m, block_k, block_n, stages)
     )
-    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
+    smem_bytes = max(stages * 2 * (block_m + block_k) * block_n, 2 * block_m * block_k)
     rt.mgpu_check_choices(
         "batched_matmul_backward_x_stage_2", "M K N", (block_m, block_k, block_n, stages), (16, 32, 64), smem_bytes
     )
@@ -2337,7 +2397,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_m // block_m, padded_k // block_k),
         grid_names=("B", "M", "K"),
         interpret=interpret,
@@ -2486,7 +2546,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
 
 
 def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
-    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+    x_ref, rhs_ref, dy_ref, barrier, *, block_k, block_n, block_m, stages
 ):
     program_b, program_k, program_n = jax.lax.axis_index("B"), jax.lax.axis_index("K"), jax.lax.axis_index("N")
 
@@ -2504,12 +2564,19 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref.at[program_b], rhs_ref.at[program_b])
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    dy_ref.at[program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_k, block_n), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, dy_ref.at[program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)])
-    )
 
 
 _batched_matmul_backward_y_stage_2_mosaic_gpu_options = rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "K", "N", "M"))
@@ -2522,7 +2589,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options.table, (b, k, n, m), (block_k, block_n, block_m, stages)
     )
-    smem_bytes = stages * 2 * (block_k + block_n) * block_m + 2 * block_k * block_n
+    smem_bytes = max(stages * 2 * (block_k + block_n) * block_m, 2 * block_k * block_n)
     rt.mgpu_check_choices(
         "batched_matmul_backward_y_stage_2", "K N M", (block_k, block_n, block_m, stages), (64,), smem_bytes
     )
@@ -2538,7 +2605,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_k, block_n), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_k // block_k, padded_n // block_n),
         grid_names=("B", "K", "N"),
         interpret=interpret,
@@ -2658,7 +2725,7 @@ def _scores_gpu(q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, 
     )(q, k)
 
 
-def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale):
+def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, barrier, *, block_s, block_t, block_d, stages, scale):
     program_b, program_s, program_t = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("T")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -2675,16 +2742,23 @@ def _scores_mosaic_gpu_kernel(q_ref, k_ref, s_ref, out_smem, barrier, *, block_s
             ],
             max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
-        out_smem[...] = acc_ref[...] * scale
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...] * scale
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    s_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_s, block_t), jnp.float32))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, s_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)])
-    )
 
 
 def _scores_mosaic_gpu(q, k, *, b, size_s, t, d, scale, block_s, block_t, block_d, stages, interpret):
-    smem_bytes = stages * 2 * (block_s + block_t) * block_d + 4 * block_s * block_t
+    smem_bytes = max(stages * 2 * (block_s + block_t) * block_d, 4 * block_s * block_t)
     rt.mgpu_check_choices("scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes)
     padded_size_s, padded_t, padded_d = size_s + -size_s % block_s, t + -t % block_t, d + -d % block_d
     q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
@@ -2693,7 +2767,7 @@ def _scores_mosaic_gpu(q, k, *, b, size_s, t, d, scale, block_s, block_t, block_
             _scores_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, block_d=block_d, stages=stages, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
-        scratch_types=[rt.mgpu_smem((block_s, block_t), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_size_s // block_s, padded_t // block_t),
         grid_names=("B", "S", "T"),
         interpret=interpret,
@@ -2915,9 +2989,7 @@ def _scores_backward_q_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, nu
     )(dacc, k)
 
 
-def _scores_backward_q_mosaic_gpu_kernel(
-    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
-):
+def _scores_backward_q_mosaic_gpu_kernel(dacc_ref, k_ref, dq_ref, barrier, *, block_s, block_d, block_t, stages):
     program_b, program_s, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("S"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -2934,16 +3006,23 @@ def _scores_backward_q_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    dq_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_s, block_d), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, dq_ref.at[program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)])
-    )
 
 
 def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, stages, interpret):
-    smem_bytes = stages * 2 * (block_s + block_d) * block_t + 2 * block_s * block_d
+    smem_bytes = max(stages * 2 * (block_s + block_d) * block_t, 2 * block_s * block_d)
     rt.mgpu_check_choices("scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes)
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
     dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
@@ -2952,7 +3031,7 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
             _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_s, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_s // block_s, padded_d // block_d),
         grid_names=("B", "S", "D"),
         interpret=interpret,
@@ -3067,9 +3146,7 @@ def _scores_backward_k_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, nu
     )(dacc, q)
 
 
-def _scores_backward_k_mosaic_gpu_kernel(
-    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
-):
+def _scores_backward_k_mosaic_gpu_kernel(dacc_ref, q_ref, dk_ref, barrier, *, block_t, block_d, block_s, stages):
     program_b, program_t, program_d = jax.lax.axis_index("B"), jax.lax.axis_index("T"), jax.lax.axis_index("D")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3086,16 +3163,23 @@ def _scores_backward_k_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (
+                    out_smem,
+                    dk_ref.at[program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)],
+                )
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_t, block_d), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
-    rt.mgpu_copy_out(
-        (out_smem, dk_ref.at[program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)])
-    )
 
 
 def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, stages, interpret):
-    smem_bytes = stages * 2 * (block_t + block_d) * block_s + 2 * block_t * block_d
+    smem_bytes = max(stages * 2 * (block_t + block_d) * block_s, 2 * block_t * block_d)
     rt.mgpu_check_choices("scores_backward_k", "T D S", (block_t, block_d, block_s, stages), (64,), smem_bytes)
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
@@ -3105,7 +3189,7 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
             _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_t, block_d), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(b, padded_t // block_t, padded_d // block_d),
         grid_names=("B", "T", "D"),
         interpret=interpret,
@@ -3225,9 +3309,7 @@ def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, nu
     )(x, w, bias)
 
 
-def _linear_mosaic_gpu_kernel(
-    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k, stages
-):
+def _linear_mosaic_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, barrier, bias_smem, *, block_m, block_n, block_k, stages):
     program_m, program_n = jax.lax.axis_index("M"), jax.lax.axis_index("N")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3245,16 +3327,22 @@ def _linear_mosaic_gpu_kernel(
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
         rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
-        acc = acc_ref[...]
-        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
-        out_smem[...] = (acc + bias).astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            acc = acc_ref[...]
+            bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+            out_smem[...] = (acc + bias).astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_n), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
-    rt.mgpu_copy_out((out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]))
 
 
 def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, stages, interpret):
-    smem_bytes = stages * 2 * (block_m + block_n) * block_k + 2 * block_m * block_n + 4 * block_n
+    smem_bytes = max(stages * 2 * (block_m + block_n) * block_k, 2 * block_m * block_n) + 4 * block_n
     rt.mgpu_check_choices("linear", "M N K", (block_m, block_n, block_k, stages), (16, 32, 64), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
@@ -3262,11 +3350,7 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, stages
     (y,) = plgpu.kernel(
         functools.partial(_linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            rt.mgpu_smem((block_m, block_n), jnp.bfloat16),
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
         interpret=interpret,
@@ -3526,9 +3610,7 @@ def _linear_backward_x_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, num_war
     )(dy, w)
 
 
-def _linear_backward_x_mosaic_gpu_kernel(
-    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
-):
+def _linear_backward_x_mosaic_gpu_kernel(dy_ref, w_ref, dx_ref, barrier, *, block_m, block_k, block_n, stages):
     program_m, program_k = jax.lax.axis_index("M"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3545,14 +3627,20 @@ def _linear_backward_x_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dy_ref, w_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_m, block_k), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)]))
 
 
 def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, stages, interpret):
-    smem_bytes = stages * 2 * (block_m + block_k) * block_n + 2 * block_m * block_k
+    smem_bytes = max(stages * 2 * (block_m + block_k) * block_n, 2 * block_m * block_k)
     rt.mgpu_check_choices("linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
@@ -3561,7 +3649,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
             _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_m, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
@@ -3672,9 +3760,7 @@ def _linear_backward_w_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, num_war
     )(dy, x)
 
 
-def _linear_backward_w_mosaic_gpu_kernel(
-    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
-):
+def _linear_backward_w_mosaic_gpu_kernel(dy_ref, x_ref, dw_ref, barrier, *, block_n, block_k, block_m, stages):
     program_n, program_k = jax.lax.axis_index("N"), jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
@@ -3691,14 +3777,20 @@ def _linear_backward_w_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(dy_ref, x_ref)
-        out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+
+        def epilogue(out_smem):  # the outputs' tiles, where the pipeline's K blocks were
+            out_smem[...] = acc_ref[...].astype(jnp.bfloat16)
+            rt.mgpu_copy_out(
+                (out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)])
+            )
+
+        pl.run_scoped(epilogue, rt.mgpu_smem((block_n, block_k), jnp.bfloat16))
 
     pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
-    rt.mgpu_copy_out((out_smem, dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)]))
 
 
 def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, stages, interpret):
-    smem_bytes = stages * 2 * (block_n + block_k) * block_m + 2 * block_n * block_k
+    smem_bytes = max(stages * 2 * (block_n + block_k) * block_m, 2 * block_n * block_k)
     rt.mgpu_check_choices("linear_backward_w", "N K M", (block_n, block_k, block_m, stages), (64,), smem_bytes)
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
@@ -3708,7 +3800,7 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
             _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
-        scratch_types=[rt.mgpu_smem((block_n, block_k), jnp.bfloat16), plgpu.Barrier(num_barriers=1)],
+        scratch_types=[plgpu.Barrier(num_barriers=1)],
         grid=(padded_n // block_n, padded_k // block_k),
         grid_names=("N", "K"),
         interpret=interpret,

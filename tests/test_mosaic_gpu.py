@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    ROOT,
     bundled_kernels,
     generated_module,
     is_derived,
@@ -28,8 +29,9 @@ from jax._src.mesh import AbstractDevice
 from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
+from pallasgen.backends import backend_named
 from pallasgen.runtime import support
-from pallasgen.workspace.pipeline import generate
+from pallasgen.workspace.pipeline import check_source, generate
 
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
 
@@ -199,19 +201,21 @@ def test_a_kernel_writing_its_residuals_lowers_to_mosaic_gpu(module, kernel):
     assert MOSAIC_CALL.search(text) and not TRITON.search(text)
 
 
-def _scratch_bytes(module, function, arrays, monkeypatch) -> int:
-    """The shared memory `function` asks `plgpu.kernel` for (its scratch arrays), on Mosaic
-    GPU; the kernel is not run (its outputs are zeros)."""
-    asked = []
+def _epilogue_tiles(module, function, args, monkeypatch) -> list:
+    """The tiles a product's kernel allocates for its epilogue (`pl.run_scoped(epilogue,
+    ...)`) as `function` lowers for CUDA: each an SMEM type, or None where not allocated."""
+    scoped = []
+    run_scoped = module.pl.run_scoped
 
-    def kernel(body, *, out_type, scratch_types=(), **_):
-        asked.extend(t for t in jax.tree.leaves(scratch_types) if hasattr(t, "shape"))
-        return lambda *_: jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), out_type)
+    def recorded(body, *types, **keywords):
+        if getattr(body, "__name__", None) == "epilogue":  # not the pipeline's own
+            scoped.append(types)
+        return run_scoped(body, *types, **keywords)
 
-    take_gpu_branch(monkeypatch, module)
-    monkeypatch.setattr(module.plgpu, "kernel", kernel)
-    function(*arrays, gpu_backend="mosaic_gpu", interpret=False)
-    return sum(np.prod(t.shape) * jnp.dtype(t.dtype).itemsize for t in asked)
+    monkeypatch.setattr(module.pl, "run_scoped", recorded)
+    _cuda_text(function, args, gpu_backend="mosaic_gpu")
+    assert scoped and all(types == scoped[0] for types in scoped)  # each tracing alike
+    return list(scoped[0])
 
 
 # The single products among them (attention's two hold only a row of running values).
@@ -219,16 +223,41 @@ PRODUCTS_SAVING = [(m, k) for m, k in SAVING if len(find_products(spec_kernel(m,
 
 
 @pytest.mark.parametrize("module, kernel", PRODUCTS_SAVING, ids=[f"{m}.{k}" for m, k in PRODUCTS_SAVING])
-def test_a_product_holds_its_residuals_tile_only_under_jax_grad(module, kernel, monkeypatch):
-    """Outside jax.grad a product's launcher allocates no shared memory for the residuals
-    it does not write (an f32 tile held for nothing halved matmul_bias_gelu's speed on an
-    H200: one program a multiprocessor instead of two)."""
+def test_a_products_output_tiles_take_its_pipelines_shared_memory_and_a_residuals_only_under_jax_grad(
+    module, kernel, monkeypatch
+):
+    """A product's output tiles are allocated once its pipeline is done, in the shared
+    memory its K blocks held, and a residual's only where the launcher writes residuals
+    (an f32 tile held beside the K blocks halved matmul_bias_gelu's speed on an H200:
+    one program a multiprocessor instead of two)."""
     generated, function = generated_module(module), getattr(generated_module(module), kernel)
-    rng = np.random.default_rng(0)
-    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in _shapes(module, kernel, "ragged")]
-    plain = _scratch_bytes(generated, function, arrays, monkeypatch)
-    saving = _scratch_bytes(generated, function.with_residuals, arrays, monkeypatch)
-    assert plain < saving
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, "ragged")]
+    plain = _epilogue_tiles(generated, function, args, monkeypatch)
+    saving = _epilogue_tiles(generated, function.with_residuals, args, monkeypatch)
+    outputs = len(function.output_names)
+    assert len(plain) == len(saving) > outputs  # one tile an output and residual
+    assert all(t is not None for t in plain[:outputs]) and all(t is None for t in plain[outputs:])
+    assert all(t is not None for t in saving)
+
+
+def test_a_products_output_tile_reuses_the_shared_memory_of_its_pipeline_in_mosaic_gpus_lowering():
+    """batched_matmul at six stages: 192 KiB of K blocks and a 64 KiB f32 output tile,
+    more than a block's 227 KiB together, lower (Mosaic GPU counted 262,200 bytes when the
+    tile was a scratch of the whole kernel)."""
+    args = [jax.ShapeDtypeStruct((2, 256, 1024), jnp.bfloat16), jax.ShapeDtypeStruct((2, 1024, 256), jnp.bfloat16)]
+    text = _cuda_text(generated_module("matmul").batched_matmul, args, gpu_backend="mosaic_gpu", mgpu_stages=6)
+    assert MOSAIC_CALL.search(text)
+
+
+def test_a_batched_bf16_product_with_an_f32_output_leaves_room_for_two_programs_a_multiprocessor():
+    """batched_matmul at its default blocks and stages: its 64 KiB f32 output tile takes the
+    memory of its 64 KiB of K blocks (the sum, 128 KiB, let one program run on an H200)."""
+    checked = next(
+        k for k in check_source((ROOT / "specs" / "matmul.pallas").read_text(), "") if k.kernel.name == "batched_matmul"
+    )
+    mosaic_gpu = backend_named("mosaic_gpu")
+    used = mosaic_gpu.memory_bytes(checked, {})
+    assert used == 64 * 1024 and 2 * used <= mosaic_gpu.memory_budget
 
 
 @pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")

@@ -72,47 +72,48 @@ def allowed(checked: CheckedKernel) -> dict[str, tuple[int, ...]]:
     return {k: STAGE_CHOICES if what == STAGES else blocks[what] for k, what in keywords(checked).items()}
 
 
-def smem_terms(checked: CheckedKernel) -> list[tuple[int, tuple[str, ...], bool]]:
-    """What a program holds in shared memory: (bytes an element, dimensions of its
-    block, whether the pipeline holds one per stage) for each operand's K blocks, each
-    output's tile and each epilogue input's block."""
+def smem_terms(checked: CheckedKernel) -> tuple[int, int, list[tuple[int, tuple[str, ...]]]]:
+    """What a program holds in shared memory: the bytes of an operand's element (the
+    pipeline holds both operands' K blocks, one each a stage), of an element of the
+    outputs' tiles together (allocated once the pipeline is done, in its memory), and
+    (bytes an element, dimensions of its block) of each epilogue input, held throughout."""
     product, kernel = checked.product, checked.kernel
-    operands = {product.lhs.name: (product.m, product.k), product.rhs.name: (product.n, product.k)}
-    terms = [(DTYPES[product.lhs.dtype.name].bits // 8, dims, True) for dims in operands.values()]
-    terms += [(DTYPES[o.dtype].bits // 8, (product.m, product.n), False) for o in kernel.outputs]
-    terms += [
-        (DTYPES[d.dtype].bits // 8, tuple(x for x in d.dims if x in (product.m, product.n)), False)
+    operands = (product.lhs.name, product.rhs.name)
+    outputs = sum(DTYPES[o.dtype].bits // 8 for o in kernel.outputs)
+    held = [
+        (DTYPES[d.dtype].bits // 8, tuple(x for x in d.dims if x in (product.m, product.n)))
         for d in kernel.inputs
         if d.name not in operands
     ]
-    return terms
+    return DTYPES[product.lhs.dtype.name].bits // 8, outputs, held
 
 
 def smem_bytes(checked: CheckedKernel, blocks: dict[str, int], stage_count: int) -> int:
     """The shared memory of a program with these blocks and stages."""
-    total = 0
-    for size, dims, staged in smem_terms(checked):
+    product = checked.product
+    operand, outputs, held = smem_terms(checked)
+    m, n, k = (blocks[d] for d in (product.m, product.n, product.k))
+    total = max(stage_count * operand * (m + n) * k, outputs * m * n)
+    for size, dims in held:
         for dim in dims:
             size *= blocks[dim]
-        total += size * (stage_count if staged else 1)
+        total += size
     return total
 
 
 def smem_code(checked: CheckedKernel, block_names: dict[str, str], stages_name: str) -> str:
     """`smem_bytes` as Python source, of the launcher's names for the blocks and stages:
-    the operands' K blocks (of one dtype) per stage, then the blocks held once, those of
-    the same shape summed."""
+    the larger of the pipeline's K blocks and the outputs' tiles (which reuse its memory),
+    then the blocks held throughout, those of the same shape summed."""
     product = checked.product
-    terms = smem_terms(checked)
-    size = terms[0][0]  # an operand element's bytes
+    operand, outputs, terms = smem_terms(checked)
     m, n, k = (block_names[d] for d in (product.m, product.n, product.k))
     held: dict[tuple[str, ...], int] = {}
-    for b, dims, staged in terms:
-        if not staged:
-            held[dims] = held.get(dims, 0) + b
+    for b, dims in terms:
+        held[dims] = held.get(dims, 0) + b
     return " + ".join(
         [
-            f"{stages_name} * {size} * ({m} + {n}) * {k}",
+            f"max({stages_name} * {operand} * ({m} + {n}) * {k}, {outputs} * {m} * {n})",
             *(" * ".join([str(b), *(block_names[d] for d in dims)]) for dims, b in held.items()),
         ]
     )

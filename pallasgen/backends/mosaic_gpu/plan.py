@@ -406,9 +406,17 @@ class _ProductPlanner(_Planner):
         multiples = {d: block_keyword(d) for d in (m, n, k)}
         rhs_n_major = choices.rhs_n_major(product)
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
-        acc_ref, out_smem, barrier, step, scope, pipeline_stages = (
+        acc_ref, out_smem, barrier, step, scope, finish, pipeline_stages = (
             self.namer.claim(x)
-            for x in (f"{self.lowered.accumulator}_ref", "out_smem", "barrier", "step", "accumulate", "stages")
+            for x in (
+                f"{self.lowered.accumulator}_ref",
+                "out_smem",
+                "barrier",
+                "step",
+                "accumulate",
+                "epilogue",
+                "stages",
+            )
         )
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
@@ -457,6 +465,23 @@ class _ProductPlanner(_Planner):
             ]
         )
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
+        copies = copy_out(
+            [
+                (
+                    self.refs[o.name],
+                    tiles[o.name],
+                    f"{self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}]",
+                )
+                for o in kernel.outputs
+            ],
+            residuals,
+        )
+        # A residual's tile only where the launcher passed its Ref: it is None otherwise.
+        tile_types = [
+            f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})"
+            + (f" if {self.refs[o.name]} is not None else None" if self.refs[o.name] in residuals else "")
+            for o in kernel.outputs
+        ]
         accumulate = [
             f"def {step}(_, {lhs_smem}, {rhs_smem}):",
             f"    plgpu.wgmma({acc_ref}, {lhs_smem}, {rhs_tile})",
@@ -469,7 +494,11 @@ class _ProductPlanner(_Planner):
             f"    max_concurrent_steps={pipeline_stages},",
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,
-            *epilogue_body,
+            "",
+            f"def {finish}({', '.join(tiles.values())}):  # the outputs' tiles, where the pipeline's K blocks were",
+            *(f"    {line}" for line in [*epilogue_body, *copies]),
+            "",
+            f"pl.run_scoped({finish}, {', '.join(tile_types)})",
         ]
         kernel_body = [
             *program_lines({d: program[d] for d in layout}),
@@ -478,24 +507,8 @@ class _ProductPlanner(_Planner):
             *(f"    {line}" for line in accumulate),
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
-            *copy_out(
-                [
-                    (
-                        self.refs[o.name],
-                        tiles[o.name],
-                        f"{self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}]",
-                    )
-                    for o in kernel.outputs
-                ],
-                residuals,
-            ),
         ]
-        # A residual's tile only where the launcher asks for residuals: it is None otherwise.
         scratch = [
-            *(
-                if_residuals(f"rt.mgpu_smem({tile_shape}, {jnp_dtype(o.dtype)})", plan)
-                for o, plan in zip(kernel.outputs, self.lowered.outputs)
-            ),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
                 f"{'rt.mgpu_smem' if len(own[d.name]) == 2 else 'plgpu.SMEM'}"
@@ -505,7 +518,7 @@ class _ProductPlanner(_Planner):
         ]
         signature = (
             refs,
-            [*tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
+            [barrier, *(self.smem[d.name] for d in epilogue)],
             [*(block_keyword(d) for d in (m, n, k)), pipeline_stages, *(p.name for p in kernel.params)],
         )
         reshapes = []
