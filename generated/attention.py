@@ -307,9 +307,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
-        "attention",
-        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        "attention", [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -706,15 +704,8 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     rt.mgpu_check_whole("attention_backward_dq", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_backward_dq",
-        (
-            2 * block_s * block_t,
-            2 * block_s * block_d,
-            2 * block_s * block_d,
-            2 * block_s * block_d,
-            4 * block_s,
-            4 * block_s,
-        ),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [2 * block_s * block_t, *[2 * block_s * block_d] * 3, *[4 * block_s] * 2],
+        [4 * block_t * block_d] * 2,
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -1128,8 +1119,8 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     rt.mgpu_check_whole("attention_backward_dkdv", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_backward_dkdv",
-        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
-        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+        [*[2 * block_t * block_s] * 2, *[2 * block_t * block_d] * 2],
+        [*[4 * block_s * block_d] * 2, *[8 * block_s] * 2],
     )
     padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -1487,9 +1478,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_dq", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
-        "attention_dq",
-        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        "attention_dq", [2 * block_s * block_t, *[2 * block_s * block_d] * 3, 4 * block_s], [4 * block_t * block_d] * 2
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -1890,8 +1879,8 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     rt.mgpu_check_whole("attention_dkdv", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_dkdv",
-        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
-        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+        [*[2 * block_t * block_s] * 2, *[2 * block_t * block_d] * 2],
+        [*[4 * block_s * block_d] * 2, *[8 * block_s] * 2],
     )
     padded_t, padded_s = t + -t % (warpgroups * block_t), s + -s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -2203,8 +2192,8 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, inte
     rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_full",
-        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
+        [4 * block_t * block_d] * 2,
     )
     padded_s, padded_t = s + -s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -2481,8 +2470,8 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     rt.mgpu_check_whole("attention_full_backward_dq", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_full_backward_dq",
-        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [2 * block_s * block_t, *[2 * block_s * block_d] * 3, 4 * block_s],
+        [4 * block_t * block_d] * 2,
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -2770,8 +2759,8 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     rt.mgpu_check_whole("attention_full_backward_dkdv", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_full_backward_dkdv",
-        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
-        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+        [*[2 * block_t * block_s] * 2, *[2 * block_t * block_d] * 2],
+        [*[4 * block_s * block_d] * 2, *[8 * block_s] * 2],
     )
     padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -3147,8 +3136,8 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
     rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_bottom_right",
-        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
+        [4 * block_t * block_d] * 2,
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -3529,8 +3518,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     rt.mgpu_check_whole("attention_bottom_right_backward_dq", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_bottom_right_backward_dq",
-        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [2 * block_s * block_t, *[2 * block_s * block_d] * 3, 4 * block_s],
+        [4 * block_t * block_d] * 2,
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -3960,8 +3949,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     rt.mgpu_check_whole("attention_bottom_right_backward_dkdv", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "attention_bottom_right_backward_dkdv",
-        (2 * block_t * block_s, 2 * block_t * block_s, 2 * block_t * block_d, 2 * block_t * block_d),
-        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+        [*[2 * block_t * block_s] * 2, *[2 * block_t * block_d] * 2],
+        [*[4 * block_s * block_d] * 2, *[8 * block_s] * 2],
     )
     padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -4273,9 +4262,7 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
-        "gqa",
-        (2 * block_s * block_t, 2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        "gqa", [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
@@ -4543,8 +4530,8 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     rt.mgpu_check_whole("gqa_backward_dq", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "gqa_backward_dq",
-        (2 * block_s * block_t, 2 * block_s * block_d, 2 * block_s * block_d, 2 * block_s * block_d, 4 * block_s),
-        (4 * block_t * block_d, 4 * block_t * block_d),
+        [2 * block_s * block_t, *[2 * block_s * block_d] * 3, 4 * block_s],
+        [4 * block_t * block_d] * 2,
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
@@ -4836,15 +4823,8 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     rt.mgpu_check_whole("gqa_backward_dkdv", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
         "gqa_backward_dkdv",
-        (
-            2 * block_t * block_s,
-            2 * block_t * block_s,
-            2 * block_t * block_d,
-            2 * block_t * block_d,
-            4 * block_t * block_d,
-            4 * block_t * block_d,
-        ),
-        (4 * block_s * block_d, 4 * block_s * block_d, 8 * block_s, 8 * block_s),
+        [*[2 * block_t * block_s] * 2, *[2 * block_t * block_d] * 2, *[4 * block_t * block_d] * 2],
+        [*[4 * block_s * block_d] * 2, *[8 * block_s] * 2],
     )
     padded_t, padded_size_s = t + -t % (warpgroups * block_t), size_s + -size_s % block_s
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))

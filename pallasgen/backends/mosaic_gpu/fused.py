@@ -595,7 +595,7 @@ class FusedPlanner:
             for d in streamed
         ]
         lines.append(
-            f'{self.warpgroups} = rt.mgpu_warpgroups("{kernel.name}", {tuple_code(self.tile_bytes)}, {tuple_code(blocks)}'
+            f'{self.warpgroups} = rt.mgpu_warpgroups("{kernel.name}", {spec_list(self.tile_bytes)}, {spec_list(blocks)}'
             + ("" if self.split else ", most=1")
             + ")"
         )
