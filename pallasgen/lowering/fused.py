@@ -53,8 +53,8 @@ class FusedCode:
     step: tuple[str, ...]  # one step of the pass (or the whole body, with no pass)
     skip: str | None  # a condition on the block's positions: the step adds nothing when false
     finish: tuple[str, ...]  # after the last step: the outputs
-    before: tuple[str, ...] = ()  # loads of inputs the pass reads but that do not vary along it
-    held: tuple[str, ...] = ()  # the names `before` assigns
+    before: tuple[str, ...] = ()  # what the pass reads but does not vary along it: loads, lets (_hoisted)
+    held: tuple[str, ...] = ()  # the names `before` assigns that a step reads
 
 
 class Placement:
@@ -72,7 +72,8 @@ class Placement:
 
 class RefPlacement(Placement):
     """Running values in scratch Refs (TPU): read and written whole. Each step is a
-    program of its own: a value it does not carry is computed in each."""
+    program of its own: a value it does not carry is computed in each (attention dq's
+    delta computed once into a scratch Ref instead estimated no faster on v5e or v6e)."""
 
     hoists = False
 
