@@ -279,10 +279,10 @@ class FusedLowering:
         varying = {self.lowered.values[d.name] for d in self.checked.kernel.inputs if dim in d.dims}
         held = [load for load in loads if load[0] not in varying]
         self.hoisted = self._hoisted(sweep) if self.placement.hoists else ()
-        before = assigned_together(held) + [
-            f"{self.lowered.values[s.name]} = {emitter.emit(s.value)}" for s in self.hoisted
-        ]
-        self.held = {name for name, _ in held} | {self.lowered.values[s.name] for s in self.hoisted}
+        once = {self.lowered.values[s.name]: emitter.emit(s.value) for s in self.hoisted}
+        before = assigned_together(held) + [f"{name} = {value}" for name, value in once.items()]
+        in_scope = [name for name, _ in held] + list(once)  # what `before` assigns, in order
+        self.held = set(in_scope)
         lines = assigned_together([load for load in loads if load[0] in varying])
         pending = [c for c in sweep.carries if c.kind == "max"]
         emitted: set[str] = {s.name for s in self.hoisted}
@@ -327,8 +327,7 @@ class FusedLowering:
         finish = self._finish(sweep, names, store)
         skip = self._skip_condition(emitter)
         step_text = "\n".join(lines)
-        computed_before = [name for name, _ in held] + [self.lowered.values[s.name] for s in self.hoisted]
-        carried = [name for name in computed_before if re.search(rf"\b{name}\b", step_text)]
+        carried = [name for name in in_scope if re.search(rf"\b{name}\b", step_text)]
         return FusedCode(tuple(running), tuple(lines), skip, tuple(finish), tuple(before), tuple(carried))
 
     def _hoisted(self, sweep) -> tuple[ir.Let, ...]:

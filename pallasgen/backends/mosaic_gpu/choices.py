@@ -75,7 +75,8 @@ def allowed(checked: CheckedKernel) -> dict[str, tuple[int, ...]]:
 def smem_terms(checked: CheckedKernel) -> tuple[int, int, list[tuple[int, tuple[str, ...]]]]:
     """What a program holds in shared memory: the bytes of an operand's element (the
     pipeline holds both operands' K blocks, one each a stage), of an element of the
-    outputs' tiles together (allocated once the pipeline is done, in its memory), and
+    outputs' tiles together (allocated once the pipeline is done, in its memory; a
+    residual's counted whether or not the call writes residuals), and
     (bytes an element, dimensions of its block) of each epilogue input, held throughout."""
     product, kernel = checked.product, checked.kernel
     operands = (product.lhs.name, product.rhs.name)

@@ -406,7 +406,7 @@ class _ProductPlanner(_Planner):
         multiples = {d: block_keyword(d) for d in (m, n, k)}
         rhs_n_major = choices.rhs_n_major(product)
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
-        acc_ref, out_smem, barrier, step, scope, finish, pipeline_stages = (
+        acc_ref, out_smem, barrier, step, scope, tiles_scope, pipeline_stages = (
             self.namer.claim(x)
             for x in (
                 f"{self.lowered.accumulator}_ref",
@@ -495,10 +495,10 @@ class _ProductPlanner(_Planner):
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,
             "",
-            f"def {finish}({', '.join(tiles.values())}):  # the outputs' tiles, where the pipeline's K blocks were",
+            f"def {tiles_scope}({', '.join(tiles.values())}):  # the outputs' tiles, where the pipeline's K blocks were",
             *(f"    {line}" for line in [*epilogue_body, *copies]),
             "",
-            f"pl.run_scoped({finish}, {', '.join(tile_types)})",
+            f"pl.run_scoped({tiles_scope}, {', '.join(tile_types)})",
         ]
         kernel_body = [
             *program_lines({d: program[d] for d in layout}),
