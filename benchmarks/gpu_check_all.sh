@@ -106,9 +106,10 @@ fi
         logs=("$out"/logs/check-"$path"-*.log)
         ok=$(cat "${logs[@]}" | grep -c '^OK ')
         failed=$(cat "${logs[@]}" | grep -c '^FAIL ')
+        refused=$(cat "${logs[@]}" | grep -c '^REFUSED ')
         finished=$(cat "${logs[@]}" | grep -c ' failed$')
-        echo "$path: $ok passed, $failed failed; $finished of $slices slices finished"
-        cat "${logs[@]}" | grep '^FAIL ' | sort
+        echo "$path: $ok passed, $failed failed, $refused refused (the kernel's own error); $finished of $slices slices finished"
+        cat "${logs[@]}" | grep -E '^(FAIL|REFUSED) ' | sort
         for log in "${logs[@]}"; do
             grep -q ' failed$' "$log" || { echo "  $log did not finish; its end:"; tail -5 "$log" | sed 's/^/    /'; }
         done

@@ -58,8 +58,8 @@ def _attention_kernel(
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         p = jnp.exp(s - max_t_shift)
-        acc_t_lhs = rt.fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -187,10 +187,8 @@ def _attention_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, 
             max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
             max_t = max_t_new
             p = jnp.exp(s - max_t_shift)
-            acc_t_lhs = rt.fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
-            acc_t = max_t_rescale * acc_t + jnp.dot(
-                acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32
-            )
+            acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+            acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, v, preferred_element_type=jnp.float32)
             sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             return max_t, acc_t, sum_exp_t
@@ -241,7 +239,7 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
 def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale):
     # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
     wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
-    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    q_smem, lse_smem, operand_smem, barrier = (ref.at[wg] for ref in scratch)
     o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
     b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
@@ -263,12 +261,12 @@ def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, 
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
+            max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
-            p = jnp.exp(s - max_t_shift)
-            operand = rt.mgpu_fill_past(p, t_start, t, 1, 0, ragged=t % block_t)
+            p = rt.mgpu_exp(s - max_t_shift)
+            operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
             acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
+                (block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,)
             )
             sum_exp_t_block = rt.mgpu_fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
@@ -307,7 +305,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
-        "attention", [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
+        "attention", [2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -321,7 +319,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
-            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=warpgroups),
         ],
         grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
@@ -386,7 +384,9 @@ def attention(q, k, v, *, scale=0.125):
     )
     p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
     o = (
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhsd", p, v, preferred_element_type=jnp.float32), (4,))
+        jnp.expand_dims(
+            jnp.einsum("bhsdt,bhsdt->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
+        )
         / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
     lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
@@ -651,7 +651,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
@@ -1063,7 +1063,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
             dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
@@ -1430,7 +1430,7 @@ def _attention_dq_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             operand = rt.mgpu_fill_past(
                 (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16),
@@ -1825,7 +1825,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            pt = jnp.exp(st - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            pt = rt.mgpu_exp(st - rt.mgpu_spread(lse, (block_t, block_s), 1))
             dpt = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             operand = rt.mgpu_fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
             acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
@@ -1981,7 +1981,7 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 
 
 def _attention_full_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -1989,43 +1989,43 @@ def _attention_full_kernel(
     @pl.when(step == 0)
     def _init():
         max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
-        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
 
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
-    logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-    max_t_block = rt.fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
-    sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-    sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
-    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-    acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
+    p = jnp.exp(s - max_t_shift)
+    acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(v, t_start, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+    sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
         max_t = max_t_ref[...]
+        acc_t = acc_t_ref[...]
         sum_exp_t = sum_exp_t_ref[...]
-        acc_t = acc_t_ref[...] / sum_exp_t
-        o_ref[...] = acc_t.astype(jnp.bfloat16)
+        o_ref[...] = (acc_t / sum_exp_t).astype(jnp.bfloat16)
         if lse_ref is not None:
             lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, residuals, interpret):
+def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
+    # B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
         # independent (parallel); steps along T accumulate in order (arbitrary).
-        grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
@@ -2037,13 +2037,13 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, resi
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32) if residuals else None,  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         scratch_shapes=[
             pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
@@ -2052,66 +2052,65 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, resi
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=4 * b * h * s * d * t,
-            transcendentals=b * h * s * t + b * h * s,
-            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d + (4 * b * h * s if residuals else 0),
+            flops=4 * b * h * size_s * t * d,
+            transcendentals=b * h * size_s * t + b * h * size_s,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + (4 * b * h * size_s if residuals else 0),
         ),
         interpret=interpret,
         name="attention_full",
     )(q, k, v)
 
 
-def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, s, d, t, block_t, scale):
+def _attention_full_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, size_s, d, t, block_t, scale):
     block_s, block_d = o_ref.shape
-    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
     q = rt.load(q_ref, (in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
         in_t = rt.inside(t_start, block_t, t)
-        max_t, sum_exp_t, acc_t = running
+        max_t, acc_t, sum_exp_t = running
         k = rt.load(k_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
         v = rt.load(v_ref.at[pl.ds(t_start, block_t), :], (in_t, in_d), other=0)
-        logits = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        max_t_block = rt.fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
+        p = jnp.exp(s - max_t_shift)
+        acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
+        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, v, preferred_element_type=jnp.float32)
+        sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = max_t_rescale * acc_t + jnp.dot(acc_t_lhs, v.astype(jnp.float32), preferred_element_type=jnp.float32)
-        return max_t, sum_exp_t, acc_t
+        return max_t, acc_t, sum_exp_t
 
-    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+    max_t, acc_t, sum_exp_t = jax.lax.fori_loop(
         0,
         pl.cdiv(t, block_t),
         accumulate,
         (
             jnp.full((block_s, 1), -jnp.inf, jnp.float32),
-            jnp.full((block_s, 1), 0.0, jnp.float32),
             jnp.full((block_s, block_d), 0, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
         ),
     )
-    acc_t_2 = acc_t / sum_exp_t
-    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), (in_s, in_d))
     if lse_ref is not None:
         rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), (in_s, None))
 
 
 def _attention_full_gpu(
-    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, residuals, interpret
 ):
     block_d = max(16, pl.next_power_of_2(d))  # all of D in one masked block, at least a dot's depth
     return pl.pallas_call(
-        functools.partial(_attention_full_gpu_kernel, s=s, d=d, t=t, block_t=block_t, scale=scale),
+        functools.partial(_attention_full_gpu_kernel, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         # One program per element of B, element of H, block of S; programs run concurrently. Each holds all of D
         # (a power-of-two block). Each loops over T's blocks, carrying running values.
-        grid=(b, h, pl.cdiv(s, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
@@ -2123,8 +2122,8 @@ def _attention_full_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)) if residuals else None,
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32) if residuals else None,  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32) if residuals else None,  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2132,46 +2131,45 @@ def _attention_full_gpu(
     )(q, k, v)
 
 
-def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, s, t, block_t, scale):
+def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, h, size_s, t, block_t, scale):
     # the first `warpgroups` warpgroups compute a block of S each, the last copies T's blocks in
     wg, warpgroups = jax.lax.axis_index("wg"), jax.lax.axis_size("wg") - 1
-    q_smem, lse_smem, operand_smem, operand_smem_2, barrier = (ref.at[wg] for ref in scratch)
+    q_smem, lse_smem, operand_smem, barrier = (ref.at[wg] for ref in scratch)
     o_smem = q_smem  # q not read after the pass: its tile then holds o
     block_s, block_d = o_smem.shape
-    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(s, warpgroups * block_s))
+    b_index, h_index, s_block = rt.mgpu_grid_indices(h, pl.cdiv(size_s, warpgroups * block_s))
     s_start = (s_block * warpgroups + wg) * block_s
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
-        max_t, sum_exp_t, acc_t = carry
-        logits = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        max_t_block = rt.mgpu_fill_past(logits, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+        max_t, acc_t, sum_exp_t = carry
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        max_t_block = rt.mgpu_fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
+        max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(logits - max_t_shift)
-        sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
-        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
-        operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
+        p = rt.mgpu_exp(s - max_t_shift)
+        operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
         acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
+            (block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,)
         )
-        return max_t, sum_exp_t, acc_t
+        sum_exp_t_block = rt.mgpu_fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        return max_t, acc_t, sum_exp_t
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
         rt.mgpu_copy_in(q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier)
-        max_t, sum_exp_t, acc_t = pipeline(
+        max_t, acc_t, sum_exp_t = pipeline(
             (
                 rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
                 plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+                rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             )
         )
-        acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
-        o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+        o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
         lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
         rt.mgpu_copy_out((o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)]))
         if lse_ref is not None:
@@ -2186,42 +2184,40 @@ def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scra
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
 
 
-def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, residuals, interpret):
+def _attention_full_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals, interpret):
     block_s, block_t = 64, 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
     warpgroups = rt.mgpu_warpgroups(
-        "attention_full",
-        [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
-        [4 * block_t * block_d] * 2,
+        "attention_full", [2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
     )
-    padded_s, padded_t = s + -s % (warpgroups * block_s), t + -t % block_t
-    q, k = rt.mgpu_pad(q, (b, h, padded_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
+    padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
+    q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
-        functools.partial(_attention_full_mosaic_gpu_kernel, h=h, s=s, t=t, block_t=block_t, scale=scale),
+        functools.partial(_attention_full_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32) if residuals else None,
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
-            *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
+            rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(s, warpgroups * block_s),),
+        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
         grid_names=("programs",),
         num_threads=warpgroups + 1,
         thread_name="wg",
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s, :d], (lse[:b, :h, :s].reshape((b, h, s, 1)) if residuals else None)
+    return o[:b, :h, :size_s, :d], (lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None)
 
 
 def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
     """`attention_full`'s backward pass, for jax.grad: the forward pass saves its inputs q, k, v; its outputs o and
-    the residuals lse.
+    the residuals lse; the backward kernels recompute s, p.
     """
     dq, delta = attention_full_backward_dq(
         q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
@@ -2235,12 +2231,13 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
 @rt.kernel(
     inputs=("q: bf16[B, H, S, D]", "k: bf16[B, H, T, D]", "v: bf16[B, H, T, D]"),
     outputs=("o: bf16[B, H, S, D]",),
+    sizes={"B": "b", "H": "h", "S": "size_s", "D": "d", "T": "t"},
     params={"scale": jnp.float32},
     tpu=_attention_full_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
         chips={None: {"default": (128, 128)}},
-        step=lambda b, h, s, d, t, block_s, block_t, residuals: (
+        step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
             block_s * block_t,
             12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
         ),
@@ -2260,27 +2257,20 @@ def attention_full(q, k, v, *, scale=0.125):
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
     attention_full_backward_dkdv (_attention_full_vjp).
     """
-    b, h, s, d = q.shape
+    b, h, size_s, d = q.shape
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    o = jnp.expand_dims(
-        jnp.einsum(
-            "bhsdt,bhsdt->bhsd",
-            jax.nn.softmax(
-                (
-                    jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,))
-                    * scale
-                ),
-                axis=4,
-            ),
-            v,
-            preferred_element_type=jnp.float32,
-        ),
-        (4,),
+    s = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
+    p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
+    o = (
+        jnp.expand_dims(
+            jnp.einsum("bhsdt,bhsdt->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
+        )
+        / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, h, s, d))
+    o = o.reshape((b, h, size_s, d))
     return o
 
 
@@ -2430,7 +2420,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
         acc_t, lse, delta = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+        p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
@@ -2714,7 +2704,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         acc_s, acc_s_2 = carry
         lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
         s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
-        p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+        p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
@@ -3091,9 +3081,9 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
             max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-            max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
+            max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
-            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_terms = rt.mgpu_exp(s - max_t_shift)
             sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
@@ -3469,7 +3459,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
             dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
@@ -3893,7 +3883,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
                 rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
             dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
@@ -4221,9 +4211,9 @@ def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, 
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
-        max_t_rescale = jnp.exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
+        max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
-        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_terms = rt.mgpu_exp(s - max_t_shift)
         sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
@@ -4490,7 +4480,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         t_start = indices[0] * block_t
         acc_t, lse, delta = carry
         s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
-        p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+        p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
@@ -4776,7 +4766,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         acc_s, acc_s_2 = carry
         lse, delta = rt.mgpu_load_vector(lse_smem, 1), rt.mgpu_load_vector(delta_smem, 1)
         s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
-        p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+        p = rt.mgpu_exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
@@ -5235,7 +5225,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         start = indices[0] * block_n
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         sum_n_block = rt.mgpu_fill_past(
-            jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)), start, n, 1, 0.0, ragged=n % block_n
+            rt.mgpu_exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)), start, n, 1, 0.0, ragged=n % block_n
         )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return sum_n_running
@@ -5254,7 +5244,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)) / rt.mgpu_spread(
+        y_buffers[slot] = rt.mgpu_exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)) / rt.mgpu_spread(
             sum_n, (block_m, block_n), 0
         )
         plgpu.commit_smem()

@@ -378,7 +378,7 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
         dloss = rt.mgpu_load(dloss_smem, (block_m, block_v), (0,))
         z = logits.astype(jnp.float32)
         loss_1 = rt.mgpu_positions(program_v * block_v, (block_m, block_v), 1) == label
-        dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+        dz = dloss * rt.mgpu_exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
         dlogits_smem[...] = dz.astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(

@@ -152,7 +152,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref,
     def reduce_2(indices, x_smem, sum_over_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = rt.mgpu_fill_past(e, start, n, 1, 0.0, ragged=n % block_n)
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return sum_over_n_running
@@ -178,7 +178,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref,
     def write(indices, x_smem):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -364,7 +364,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = rt.mgpu_fill_past(
             -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0)),
             start,
@@ -388,7 +388,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         sum_n_2_block = rt.mgpu_fill_past(-de_1, start, n, 1, 0.0, ragged=n % block_n)
@@ -407,7 +407,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
         slot = indices[0] % 2
@@ -759,7 +759,7 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        dx_buffers[slot] = dy + rt.mgpu_spread(sum_n, (block_m, block_n), 0) * jnp.exp(
+        dx_buffers[slot] = dy + rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_exp(
             x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
         )
         plgpu.commit_smem()

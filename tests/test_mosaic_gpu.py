@@ -727,6 +727,23 @@ def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_p
     assert np.all(np.abs(got[~exact] - want[~exact]) <= spacing)
 
 
+def test_exp_on_mosaic_gpu_is_spelled_as_exp2_and_within_a_few_ulps(tmp_path, monkeypatch):
+    """Mosaic GPU lowers jnp.exp to an accurate expf; its kernels take exp as 2 ** (x * log2 e)."""
+    module = _module_of("in x: f32[M, N]\nout y: f32[M, N]\ny = exp(x)", tmp_path, "exp")
+    assert "rt.mgpu_exp(x)" in (tmp_path / "exp.py").read_text()
+    x = np.linspace(-80.0, 80.0, 2 * 512, dtype=np.float32).reshape(2, 512)
+    call = jax.jit(lambda a: module.k(a, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    got = np.asarray(module.k(jnp.asarray(x), gpu_backend="mosaic_gpu", interpret=INTERPRETER()), np.float64)
+    want = np.exp(x.astype(np.float64))
+    # the rounding of x * log2(e) (|x| * 2^-24 relative) and a few ulps of exp2
+    assert np.all(np.abs(got - want) <= want * (np.abs(x) * 2.0**-24 * 1.5 + 2.0**-21))
+
+
 ATTENTION = {"attention", "attention_full", "attention_bottom_right", "gqa", "attention_dq", "attention_dkdv"}
 
 

@@ -2,7 +2,7 @@
 
 A fused kernel has the attention form when one output is `P @ v` with P the softmax
 over T of scores `s` (`softmax(s, T)`, or `exp(s - max(s, T))` with the product divided
-by `sum(p, T)`), and `s` is an elementwise expression of one product `q @ k.T`, params,
+by `sum(p, T)`, p rounded to v's dtype for the product or not), and `s` is an elementwise expression of one product `q @ k.T`, params,
 literals and index()/size() (a causal mask is a `where` of them). Any other output is
 `logsumexp(s, T)`.
 
@@ -103,7 +103,8 @@ def attention_form(checked: CheckedKernel) -> Attention | None:
 
 def _softmax_product(value: ir.Expr, lets, inputs):
     """(s, T, v, the probabilities' let) where `value` is `softmax(s, T) @ v` or
-    `(p @ v) / sum(p, T)` with p = exp(s - max(s, T)); None otherwise."""
+    `(p @ v) / sum(p, T)` with p = exp(s - max(s, T)), or with `bf16(p) @ v` for a bf16
+    v (FlashAttention's rounding, which the backward pass's dv takes too); None otherwise."""
     if isinstance(value, ir.Binary) and value.op == "@" and _is_input(value.right, inputs):
         softmax = _through(value.left, lets)
         if _is_call(softmax, "softmax") and isinstance(softmax.args[1], ir.Name):
@@ -115,9 +116,12 @@ def _softmax_product(value: ir.Expr, lets, inputs):
         return None
     if not (_is_call(total, "sum") and isinstance(total.args[1], ir.Name)):
         return None
-    if value_key(total.args[0], lets) != value_key(product.left, lets):
+    v, probabilities = inputs[product.right.id], product.left
+    if _is_call(probabilities, v.dtype):
+        probabilities = probabilities.args[0]
+    if value_key(total.args[0], lets) != value_key(probabilities, lets):
         return None
-    p, dim = _through(product.left, lets), total.args[1].id
+    p, dim = _through(probabilities, lets), total.args[1].id
     if not (_is_call(p, "exp") and isinstance(p.args[0], ir.Binary) and p.args[0].op == "-"):
         return None
     score, top = p.args[0].left, _through(p.args[0].right, lets)
@@ -125,8 +129,8 @@ def _softmax_product(value: ir.Expr, lets, inputs):
         _is_call(top, "max") and _is_dim(top.args[1], dim) and value_key(top.args[0], lets) == value_key(score, lets)
     ):
         return None
-    p_let = product.left.id if isinstance(product.left, ir.Name) else ""
-    return score, dim, inputs[product.right.id], p_let
+    p_let = probabilities.id if isinstance(probabilities, ir.Name) else ""
+    return score, dim, v, p_let
 
 
 def _score_product(score: ir.Expr, lets, inputs, params) -> ir.Binary | None:

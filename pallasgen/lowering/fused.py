@@ -306,7 +306,7 @@ class FusedLowering:
                 )
                 if expsum in self.fresh_terms:
                     value = emitter.cast(carry.value, "f32")
-                    lines.append(f"{terms[expsum]} = jnp.exp({value} - {shift[carry.key]})")
+                    lines.append(f"{terms[expsum]} = {emitter.call('exp', f'{value} - {shift[carry.key]}')}")
 
         flush()
         for statement in sweep.step:
@@ -415,7 +415,7 @@ class FusedLowering:
             f"{previous} = {self.placement.read(name)}",
             f"{new} = jnp.maximum({previous}, {top})",
             f"{shift} = jnp.where({new} > -jnp.inf, {new}, 0.0)  # a row of -inf so far subtracts 0",
-            f"{rescale} = jnp.exp({previous} - {shift})  # what the terms so far are worth now",
+            f"{rescale} = {emitter.call('exp', f'{previous} - {shift}')}  # what the terms so far are worth now",
             self.placement.write(name, new),
         ]
 

@@ -186,6 +186,10 @@ class Emitter:
     def _code(self, node: ir.Call) -> str:
         return self.codes.get(node.func, FUNCTIONS[node.func].code)
 
+    def call(self, func: str, *args: str) -> str:
+        """The spec function `func` on code `args`, as this backend spells it."""
+        return self.codes.get(func, FUNCTIONS[func].code).format(", ".join(args))
+
     def _traced_choice(self, node: ir.Expr) -> bool:
         """A `where` of weak scalars by a condition traced with the kernel (from a param
         through a function, say)."""

@@ -91,6 +91,7 @@ except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax 
 
 # The values each Triton launch keyword (gpu_warps, gpu_stages) takes beside None.
 _LAUNCH_OPTIONS = dict(GPU_LAUNCH_OPTIONS.values())
+_LOG2E = 1.4426950408889634  # log2(e), as Mosaic GPU's own approximate exp takes it
 # What `interpret` takes beside None, True and False: the TPU interpreter's parameters, and
 # on jax 0.12 Mosaic GPU's (its kernels run in Mosaic GPU's interpreter with them).
 _INTERPRET_PARAMS = tuple(
@@ -408,10 +409,18 @@ def mgpu_fill_past(value, start, size, axis, identity, ragged=True):
     return jnp.where(positions < size, value, identity)
 
 
+def mgpu_exp(x):
+    """exp(x) as 2 ** (x * log2(e)): one `ex2.approx` instruction, as Triton's and CUDA's
+    fast exp, where Mosaic GPU lowers jnp.exp to an accurate expf (benchmarks/RESULTS.md:
+    attention's time). Within about 2^-22 relative, and the rounding of x * log2(e) (2^-24
+    times |x|)."""
+    return jnp.exp2(x * _LOG2E)
+
+
 def mgpu_softmax(x, axis):
     """softmax of a tile along `axis` (in f32), its row (or column) max and sum spread back."""
     top = jnp.max(x, axis=axis)
-    e = jnp.exp(x - mgpu_spread(jnp.where(top > -jnp.inf, top, 0.0), x.shape, 1 - axis))
+    e = mgpu_exp(x - mgpu_spread(jnp.where(top > -jnp.inf, top, 0.0), x.shape, 1 - axis))
     return e / mgpu_spread(jnp.sum(e, axis=axis), x.shape, 1 - axis)
 
 
@@ -475,7 +484,7 @@ def mgpu_logsumexp_step(top, total, x, axis):
     """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
     new_top = jnp.maximum(top, jnp.max(x, axis=axis))
     shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - mgpu_spread(shift, x.shape, 1 - axis)), axis=axis)
+    total = total * mgpu_exp(top - shift) + jnp.sum(mgpu_exp(x - mgpu_spread(shift, x.shape, 1 - axis)), axis=axis)
     return new_top, total
 
 

@@ -246,7 +246,7 @@ class _Lowering(FusedLowering):
             f"{new} = jnp.maximum({previous}, {top})",
             f"{vector} = jnp.where({new} > -jnp.inf, {new}, 0.0)  # a row of -inf so far subtracts 0",
             f"{shift} = rt.mgpu_spread({vector}, {block}.shape, {1 - axis})",
-            f"{rescale} = jnp.exp({previous} - {vector})  # what the terms so far are worth now",
+            f"{rescale} = {emitter.call('exp', f'{previous} - {vector}')}  # what the terms so far are worth now",
             f"{name} = {new}",
         ]
 

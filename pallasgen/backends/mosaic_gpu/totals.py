@@ -193,7 +193,7 @@ class TotalsPlanner:
                 f"{top} = jnp.max({block}, axis=1)",
                 f"{smem[0]}[...] = {top}",
                 f"{top} = jnp.where({top} > -jnp.inf, {top}, 0.0)",
-                f"{smem[1]}[...] = jnp.sum(jnp.exp({block} - rt.mgpu_spread({top}, {shape}, 0)), axis=1)",
+                f"{smem[1]}[...] = jnp.sum(rt.mgpu_exp({block} - rt.mgpu_spread({top}, {shape}, 0)), axis=1)",
             ]
         best = "max" if kind == "argmax" else "min"  # each row's best value, and its first position
         return [
