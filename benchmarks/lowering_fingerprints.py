@@ -124,7 +124,6 @@ def fingerprints(root: Path, stems: list[str]) -> dict[str, str]:
 
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-    return found
 
 
 def main() -> int:

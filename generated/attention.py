@@ -66,45 +66,28 @@ def _attention_kernel(
         sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, block_s, block_t)
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    max_t_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    sum_exp_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, rows),
+            rt.strip_view(k_ref, cols),
+            rt.strip_view(v_ref, cols),
+            rt.strip_view(max_t_ref, rows),
+            rt.strip_view(acc_t_ref, rows),
+            rt.strip_view(sum_exp_t_ref, rows),
+        ),
         (block_s, block_t),
+        (s_start, t_start),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -446,49 +429,30 @@ def _attention_backward_dq_kernel(
         acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(
-                    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dlse_ref, acc_t_ref, s_start, t_start, block_s, block_t
-                )
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    o_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(row, rows)],
-                    lse_ref.at[pl.ds(row, rows)],
-                    dlse_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, rows),
+            rt.strip_view(k_ref, cols),
+            rt.strip_view(v_ref, cols),
+            rt.strip_view(o_ref, rows),
+            rt.strip_view(do_ref, rows),
+            rt.strip_view(lse_ref, rows),
+            rt.strip_view(dlse_ref, rows),
+            rt.strip_view(acc_t_ref, rows),
+        ),
         (block_s, block_t),
+        (s_start, t_start),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -843,60 +807,30 @@ def _attention_backward_dkdv_kernel(
         acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    do_ref,
-                    lse_ref,
-                    delta_ref,
-                    acc_s_ref,
-                    acc_s_2_ref,
-                    t_start,
-                    s_start,
-                    block_t,
-                    block_s,
-                )
-            else:
-                _strip(
-                    q_ref.at[pl.ds(col, cols)],
-                    k_ref.at[pl.ds(row, rows)],
-                    v_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(col, cols)],
-                    lse_ref.at[:, pl.ds(col, cols)],
-                    delta_ref.at[:, pl.ds(col, cols)],
-                    acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s_2_ref.at[pl.ds(row, rows)],
-                    t_start + row,
-                    s_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, cols),
+            rt.strip_view(k_ref, rows),
+            rt.strip_view(v_ref, rows),
+            rt.strip_view(do_ref, cols),
+            rt.strip_view(lse_ref, None, cols),
+            rt.strip_view(delta_ref, None, cols),
+            rt.strip_view(acc_s_ref, rows),
+            rt.strip_view(acc_s_2_ref, rows),
+        ),
         (block_t, block_s),
+        (t_start, s_start),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -1243,46 +1177,29 @@ def _attention_dq_kernel(
         acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, block_s, block_t)
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    o_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(row, rows)],
-                    lse_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, rows),
+            rt.strip_view(k_ref, cols),
+            rt.strip_view(v_ref, cols),
+            rt.strip_view(o_ref, rows),
+            rt.strip_view(do_ref, rows),
+            rt.strip_view(lse_ref, rows),
+            rt.strip_view(acc_t_ref, rows),
+        ),
         (block_s, block_t),
+        (s_start, t_start),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -1616,60 +1533,30 @@ def _attention_dkdv_kernel(
         acc_s_2_rhs = rt.fill_past(q, s_start, s, 0, 0, ragged=s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    do_ref,
-                    lse_ref,
-                    delta_ref,
-                    acc_s_ref,
-                    acc_s_2_ref,
-                    t_start,
-                    s_start,
-                    block_t,
-                    block_s,
-                )
-            else:
-                _strip(
-                    q_ref.at[pl.ds(col, cols)],
-                    k_ref.at[pl.ds(row, rows)],
-                    v_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(col, cols)],
-                    lse_ref.at[:, pl.ds(col, cols)],
-                    delta_ref.at[:, pl.ds(col, cols)],
-                    acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s_2_ref.at[pl.ds(row, rows)],
-                    t_start + row,
-                    s_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, cols),
+            rt.strip_view(k_ref, rows),
+            rt.strip_view(v_ref, rows),
+            rt.strip_view(do_ref, cols),
+            rt.strip_view(lse_ref, None, cols),
+            rt.strip_view(delta_ref, None, cols),
+            rt.strip_view(acc_s_ref, rows),
+            rt.strip_view(acc_s_2_ref, rows),
+        ),
         (block_t, block_s),
+        (t_start, s_start),
         (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         height=256,
         chunk=128,
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -2870,47 +2757,28 @@ def _attention_bottom_right_kernel(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, block_s, block_t)
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    max_t_ref.at[pl.ds(row, rows)],
-                    sum_exp_t_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, rows),
+            rt.strip_view(k_ref, cols),
+            rt.strip_view(v_ref, cols),
+            rt.strip_view(max_t_ref, rows),
+            rt.strip_view(sum_exp_t_ref, rows),
+            rt.strip_view(acc_t_ref, rows),
+        ),
         (block_s, block_t),
+        (s_start, t_start),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
-    )
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3252,48 +3120,29 @@ def _attention_bottom_right_backward_dq_kernel(
         acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
-                _strip(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, block_s, block_t)
-            else:
-                _strip(
-                    q_ref.at[pl.ds(row, rows)],
-                    k_ref.at[pl.ds(col, cols)],
-                    v_ref.at[pl.ds(col, cols)],
-                    o_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(row, rows)],
-                    lse_ref.at[pl.ds(row, rows)],
-                    acc_t_ref.at[pl.ds(row, rows)],
-                    s_start + row,
-                    t_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, rows),
+            rt.strip_view(k_ref, cols),
+            rt.strip_view(v_ref, cols),
+            rt.strip_view(o_ref, rows),
+            rt.strip_view(do_ref, rows),
+            rt.strip_view(lse_ref, rows),
+            rt.strip_view(acc_t_ref, rows),
+        ),
         (block_s, block_t),
+        (s_start, t_start),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
-    )
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -3652,62 +3501,30 @@ def _attention_bottom_right_backward_dkdv_kernel(
         acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
-    def _add(strips):
-        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
-        columns start in the block, and how many it takes."""
-        for (row, rows), (col, cols) in strips:
-            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
-                _strip(
-                    q_ref,
-                    k_ref,
-                    v_ref,
-                    do_ref,
-                    lse_ref,
-                    delta_ref,
-                    acc_s_ref,
-                    acc_s_2_ref,
-                    t_start,
-                    s_start,
-                    block_t,
-                    block_s,
-                )
-            else:
-                _strip(
-                    q_ref.at[pl.ds(col, cols)],
-                    k_ref.at[pl.ds(row, rows)],
-                    v_ref.at[pl.ds(row, rows)],
-                    do_ref.at[pl.ds(col, cols)],
-                    lse_ref.at[:, pl.ds(col, cols)],
-                    delta_ref.at[:, pl.ds(col, cols)],
-                    acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s_2_ref.at[pl.ds(row, rows)],
-                    t_start + row,
-                    s_start + col,
-                    rows,
-                    cols,
-                )
-
-    whole_strips, partial_strips = rt.strips(
+    # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
+    # strip's body holds everywhere takes every column in each strip; one where it holds in
+    # part, in each strip only the columns where it may hold for some row of the strip; one
+    # where it holds nowhere adds nothing: skipped.
+    rt.add_in_strips(
+        _strip,
+        lambda rows, cols: (
+            rt.strip_view(q_ref, cols),
+            rt.strip_view(k_ref, rows),
+            rt.strip_view(v_ref, rows),
+            rt.strip_view(do_ref, cols),
+            rt.strip_view(lse_ref, None, cols),
+            rt.strip_view(delta_ref, None, cols),
+            rt.strip_view(acc_s_ref, rows),
+            rt.strip_view(acc_s_2_ref, rows),
+        ),
         (block_t, block_s),
+        (t_start, s_start),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s >= t_start + block_t - 1,
     )
-
-    # A block where the `where` on positions in the strip's body holds everywhere takes every
-    # column in each strip; one where it holds in part, in each strip only the columns where
-    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
-    def _whole_block():
-        _add(whole_strips)
-
-    @pl.when(
-        (s_start + block_s - 1 + t - size_s >= t_start) & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
-    )
-    def _partial_block():
-        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():

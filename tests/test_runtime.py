@@ -83,7 +83,7 @@ FEATURES = {
     "blocks-in-strips": (
         "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\n"
         "y = logsumexp(where(index(S) >= index(T), q @ k.T, -inf), T)\nblock S = 16, T = 128",
-        {"strips"},
+        {"add_in_strips", "strip_view"},
         {"S": 40, "T": 300, "D": 8},
     ),
     "row-input-beside-a-reduction": (

@@ -1340,6 +1340,34 @@ def strips(blocks, counts, height, chunk, seen, whole):
     return tuple(whole_strips), tuple(partial_strips)
 
 
+def add_in_strips(strip, views, blocks, starts, counts, height, chunk, seen, whole):
+    """A step's block of (rows, columns) `blocks`, its first positions `starts`, computed in
+    the strips `strips` chooses (which see): `strip(*views((row, rows), (col, cols)),
+    row_start, col_start, rows, cols)` for each, on its refs' views of the strip
+    (`strip_view`; `views(None, None)`: the refs themselves, for the whole block). A block
+    where `whole(*starts, *blocks)` holds takes every column of each strip; one where only
+    `seen` does, the partial strips; any other, none: it is skipped."""
+    whole_strips, partial_strips = strips(blocks, counts, height, chunk, seen, whole)
+
+    def add(chosen):
+        for (row, rows), (col, cols) in chosen:
+            if (rows, cols) == tuple(blocks):
+                strip(*views(None, None), *starts, *blocks)
+            else:
+                strip(*views((row, rows), (col, cols)), starts[0] + row, starts[1] + col, rows, cols)
+
+    pl.when(whole(*starts, *blocks))(lambda: add(whole_strips))
+    pl.when(seen(*starts, *blocks) & jnp.logical_not(whole(*starts, *blocks)))(lambda: add(partial_strips))
+
+
+def strip_view(ref, *index):
+    """`ref`'s view of a strip: each of `index`, `(start, size)` along its axis, or None (all
+    of it); the ref itself where every one is None (`add_in_strips`'s whole block)."""
+    if all(part is None for part in index):
+        return ref
+    return ref.at[tuple(slice(None) if part is None else pl.ds(*part) for part in index)]
+
+
 def vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 

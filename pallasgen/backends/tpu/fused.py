@@ -176,7 +176,6 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             strips=(
                 _strips_plan(
                     checked,
-                    namer,
                     refs,
                     code.running,
                     starts,
@@ -203,7 +202,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             *body,
             *(accumulator.body if accumulator else ()),
             accumulator.skip if accumulator and accumulator.skip else "",
-            *((strips.call, strips.whole) if strips else ()),
+            *((strips.call,) if strips else ()),
         ],
         prologue,
     )
@@ -317,7 +316,7 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
 
 
 def striped(checked: CheckedKernel) -> bool:
-    """Whether a kernel computes each step in strips of rows (see the `rt.strips` helper):
+    """Whether a kernel computes each step in strips of rows (see the `rt.add_in_strips` helper):
     it skips blocks by a condition on the positions of its rows and swept dimension only,
     both blocked, and its last step reads no position."""
     fused = checked.frame
@@ -330,17 +329,17 @@ def striped(checked: CheckedKernel) -> bool:
     return all(n.args[0].id in dims for n in read) and not finish
 
 
-def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering, body, sizes) -> StripsPlan:
-    """The strip function's parameters and call (views of the refs its body reads, the
-    strip's first positions and extents), and the kernel's choice of strips."""
+def _strips_plan(checked, refs, running, starts, strip_extents, lowering, body, sizes) -> StripsPlan:
+    """The strip function's parameters (the refs its body reads, the strip's first
+    positions and extents) and the call that computes the step in strips."""
     kernel, fused = checked.kernel, checked.frame
     row, dim = fused.row, checked.sweep.dim
 
     def view(name, axes):
-        index = ["pl.ds(row, rows)" if a == row else "pl.ds(col, cols)" if a == dim else ":" for a in axes]
-        while index and index[-1] == ":":
+        index = ["rows" if a == row else "cols" if a == dim else "None" for a in axes]
+        while index and index[-1] == "None":
             index.pop()
-        return f"{name}.at[{', '.join(index)}]" if index else name
+        return f"rt.strip_view({name}, {', '.join(index)})" if index else name
 
     text = "\n".join(body)
     arrays = []
@@ -350,30 +349,18 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
             batch = len([d for d in decl.dims if d in fused.batch])
             arrays.append((ref, array_axes(decl, fused)[batch:]))
     arrays += [(r.name, (row,) if row in r.dims else ()) for r in running]
-    refs_read = [name for name, _ in arrays]
-    parameters = refs_read + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
-    arguments = [view(name, axes) for name, axes in arrays] + [
-        f"{starts[row]} + row",
-        f"{starts[dim]} + col",
-        "rows",
-        "cols",
-    ]
-    whole = lowering.whole_block()
-    keywords = (namer.claim("whole_strips"), namer.claim("partial_strips"))
+    parameters = [name for name, _ in arrays] + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
+    views = f"lambda rows, cols: ({', '.join(view(name, axes) for name, axes in arrays)},)"
     positions = ", ".join([starts[row], starts[dim], block_keyword(row), block_keyword(dim)])
     blocks = tuple_code([block_keyword(row), block_keyword(dim)])
     counts = tuple_code([f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in (row, dim)])
     return StripsPlan(
         function="_strip",
         parameters=", ".join(parameters),
-        call=f"_strip({', '.join(arguments)})",
-        whole_call=f"_strip({', '.join(refs_read)}, {positions})",
-        blocks=blocks,
-        whole=whole,
-        keywords=keywords,
-        choice=(
-            f"{', '.join(keywords)} = rt.strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
-            f" {_lambda('seen', positions, lowering.live_block(starts))}, {_lambda('whole', positions, whole)})"
+        call=(
+            f"rt.add_in_strips(_strip, {views}, {blocks}, {tuple_code([starts[row], starts[dim]])}, {counts},"
+            f" height={STRIP_ROWS}, chunk={STRIP_COLS}, {_lambda('seen', positions, lowering.live_block(starts))},"
+            f" {_lambda('whole', positions, lowering.whole_block())})"
         ),
     )
 

@@ -76,23 +76,18 @@ class AccumulatorPlan:
         """The lines of code the kernel function writes for it, near enough to find the
         names they read."""
         strips = self.strips
-        extra = (strips.call, strips.whole_call, strips.blocks, strips.whole, strips.choice) if strips else ()
+        extra = (strips.call,) if strips else ()
         return (*self.init, *self.body, self.skip or "", *extra)
 
 
 @dataclass(frozen=True)
 class StripsPlan:
     """A step of a kernel that skips blocks, computed in strips of its block's rows (see
-    the `rt.strips` helper): one function of a strip, called on views of the refs."""
+    the `rt.add_in_strips` helper): one function of a strip, called on views of the refs."""
 
     function: str  # the strip's function: the step's body, its refs and positions a strip's
     parameters: str
-    call: str  # its call for the strip ((row, rows), (col, cols)) of the block
-    whole_call: str  # its call for the whole block
-    blocks: str  # the block's (rows, cols)
-    whole: str  # a block where the skip's condition holds at every position
-    keywords: tuple[str, str]  # the strips of a whole block, of a partial one
-    choice: str  # the kernel's line that computes them (from Python ints, as it is traced)
+    call: str  # the kernel's `rt.add_in_strips(...)`, which calls it for each strip
 
 
 @dataclass(frozen=True)
