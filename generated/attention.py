@@ -284,11 +284,13 @@ def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, 
 
 
 def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
-    block_s, block_t = 64, 64
+    block_s = 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention", "D", d, block_d, 256)
-    warpgroups = rt.mgpu_warpgroups(
-        "attention", [2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
+    block_t, warpgroups = rt.mgpu_swept_block(
+        "attention",
+        t,
+        lambda block_t: ([2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2),
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -2072,11 +2074,13 @@ def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scra
 
 
 def _attention_full_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals, interpret):
-    block_s, block_t = 64, 64
+    block_s = 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_full", "D", d, block_d, 256)
-    warpgroups = rt.mgpu_warpgroups(
-        "attention_full", [2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
+    block_t, warpgroups = rt.mgpu_swept_block(
+        "attention_full",
+        t,
+        lambda block_t: ([2 * block_s * block_t, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2),
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -2989,13 +2993,16 @@ def _attention_bottom_right_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals, interpret):
-    block_s, block_t = 64, 64
+    block_s = 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("attention_bottom_right", "D", d, block_d, 256)
-    warpgroups = rt.mgpu_warpgroups(
+    block_t, warpgroups = rt.mgpu_swept_block(
         "attention_bottom_right",
-        [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
-        [4 * block_t * block_d] * 2,
+        t,
+        lambda block_t: (
+            [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
+            [4 * block_t * block_d] * 2,
+        ),
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
@@ -4065,11 +4072,16 @@ def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, 
 
 
 def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
-    block_s, block_t = 64, 64
+    block_s = 64
     block_d = d + -d % 64
     rt.mgpu_check_whole("gqa", "D", d, block_d, 256)
-    warpgroups = rt.mgpu_warpgroups(
-        "gqa", [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s], [4 * block_t * block_d] * 2
+    block_t, warpgroups = rt.mgpu_swept_block(
+        "gqa",
+        t,
+        lambda block_t: (
+            [*[2 * block_s * block_t] * 2, 2 * block_s * block_d, 4 * block_s],
+            [4 * block_t * block_d] * 2,
+        ),
     )
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))

@@ -2210,6 +2210,7 @@ def _batched_matmul_vjp(x, y, dz, *, gpu_backend, interpret):
     triton=_batched_matmul_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("M", "N", "K", "B"), least=16),
     mosaic_gpu=_batched_matmul_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "M", "N", "K")),
     vjp=_batched_matmul_vjp,
 )
@@ -2796,6 +2797,7 @@ def _scores_vjp(q, k, ds, *, scale, gpu_backend, interpret):
     triton=_scores_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 64, 8, 3)}, ("S", "T", "D", "B"), least=16),
     mosaic_gpu=_scores_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "S", "T", "D")),
     vjp=_scores_vjp,
 )
@@ -3054,6 +3056,7 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
     triton=_scores_backward_q_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("S", "D", "T", "B"), least=16),
     mosaic_gpu=_scores_backward_q_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "S", "D", "T")),
 )
 def scores_backward_q(dacc, k):
@@ -3212,6 +3215,7 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
     triton=_scores_backward_k_gpu,
     triton_options=rt.GpuOptions({None: (128, 128, 32, 8, 3)}, ("T", "D", "S", "B"), least=16),
     mosaic_gpu=_scores_backward_k_mosaic_gpu,
+    on_hopper="mosaic_gpu",
     mosaic_gpu_options=rt.GpuOptions({None: (128, 128, 64, 2)}, ("B", "T", "D", "S")),
 )
 def scores_backward_k(dacc, q):

@@ -351,7 +351,7 @@ def test_a_product_runs_on_mosaic_gpu_from_sm_90_on_unless_the_call_names_triton
     Hopper on (faster there on an H200), Triton before it and where no GPU says (an export)."""
     monkeypatch.setattr(support, "gpu_capability", lambda: capability)
     on_mosaic_gpu = capability is not None and capability >= (9, 0)
-    for module, kernel in [("matmul", "matmul_bias_gelu"), ("attention", "attention")]:
+    for module, kernel in [("matmul", "matmul_bias_gelu"), ("matmul", "batched_matmul"), ("attention", "attention")]:
         getattr(generated_module(module), kernel).clear_cache()  # a trace read the last GPU's
         text = _exported_text(module, kernel, "small")
         assert bool(MOSAIC_CALL.search(text)) == on_mosaic_gpu != bool(TRITON.search(text))
@@ -359,12 +359,9 @@ def test_a_product_runs_on_mosaic_gpu_from_sm_90_on_unless_the_call_names_triton
         assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
-@pytest.mark.parametrize("module, kernel", [("softmax", "softmax"), ("matmul", "batched_matmul")])
-def test_a_row_wise_kernel_or_batched_product_runs_on_triton_unless_the_call_names_mosaic_gpu(
-    module, kernel, monkeypatch
-):
-    """Triton ran softmax, the norms, cross-entropy and batched_matmul faster than Mosaic
-    GPU on an H200."""
+@pytest.mark.parametrize("module, kernel", [("softmax", "softmax"), ("norms", "layer_norm")])
+def test_a_row_wise_kernel_runs_on_triton_unless_the_call_names_mosaic_gpu(module, kernel, monkeypatch):
+    """Triton ran softmax, the norms and cross-entropy faster than Mosaic GPU on an H200."""
     monkeypatch.setattr(support, "gpu_capability", lambda: (9, 0))
     getattr(generated_module(module), kernel).clear_cache()  # a trace read the last GPU's
     text = _exported_text(module, kernel, "small")
@@ -770,17 +767,18 @@ def _qkv(s: int, t: int, d: int, seed: int = 0):
 
 @pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
 def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal(monkeypatch):
-    """Queries 0-63 see no key past 63: the second block of keys is skipped, so NaN values
-    there (which a computed block would multiply by its zero weights) leave them exact."""
-    q, k, v = _qkv(128, 128, 64)
-    poisoned = v.at[:, :, 64:].set(jnp.nan)
+    """Queries 0-127 see no key past 127: the second block of keys (of 128, as T = 256
+    takes) is skipped, so NaN values there (which a computed block would multiply by its
+    zero weights) leave them exact."""
+    q, k, v = _qkv(256, 256, 64)
+    poisoned = v.at[:, :, 128:].set(jnp.nan)
     o, lse = _interpreted_attention("attention", monkeypatch, q, k, poisoned)
-    want_o, want_lse = generated_module("attention").attention.reference(q, k, v.at[:, :, 64:].set(0))
+    want_o, want_lse = generated_module("attention").attention.reference(q, k, v.at[:, :, 128:].set(0))
     np.testing.assert_allclose(
-        np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2
+        np.asarray(o[:, :, :128], np.float32), np.asarray(want_o[:, :, :128], np.float32), atol=2e-2
     )
-    np.testing.assert_allclose(np.asarray(lse[:, :, :64]), np.asarray(want_lse[:, :, :64]), rtol=1e-5)
-    assert np.isnan(np.asarray(o[:, :, 64:], np.float32)).all()  # the diagonal's block reads them
+    np.testing.assert_allclose(np.asarray(lse[:, :, :128]), np.asarray(want_lse[:, :, :128]), rtol=1e-5)
+    assert np.isnan(np.asarray(o[:, :, 128:], np.float32)).all()  # the diagonal's block reads them
 
 
 @pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
@@ -804,16 +802,24 @@ def test_attention_on_mosaic_gpu_says_which_head_size_it_holds(monkeypatch):
         _cuda_text(generated_module("attention").attention, [q, k, v], gpu_backend="mosaic_gpu")
 
 
-def _warpgroups_chosen(kernel: str, head: int, monkeypatch) -> list[int]:
-    """How many warpgroups compute each program of `kernel` lowered for CUDA with a head of
-    `head` (aligned sizes otherwise): rt.mgpu_warpgroups's choice, watched."""
-    chosen, choose = [], support.mgpu_warpgroups
+def _blocks_chosen(kernel: str, head: int, monkeypatch) -> list[tuple[int, int]]:
+    """The swept dimension's block and how many warpgroups compute, for each program of
+    `kernel` lowered for CUDA with a head of `head` (aligned sizes otherwise): the choice
+    of rt.mgpu_swept_block, or of rt.mgpu_warpgroups with blocks of 64, watched."""
+    chosen, by_block, by_count = [], support.mgpu_swept_block, support.mgpu_warpgroups
 
-    def watched(*args, **keywords):
-        chosen.append(choose(*args, **keywords))
+    def swept(*args, **keywords):
+        monkeypatch.setattr(support, "mgpu_warpgroups", by_count)  # what it calls: not counted again
+        chosen.append(by_block(*args, **keywords))
+        monkeypatch.setattr(support, "mgpu_warpgroups", counted)
         return chosen[-1]
 
-    monkeypatch.setattr(support, "mgpu_warpgroups", watched)  # the generated modules' `rt`
+    def counted(*args, **keywords):
+        chosen.append((64, by_count(*args, **keywords)))
+        return chosen[-1][1]
+
+    monkeypatch.setattr(support, "mgpu_swept_block", swept)  # the generated modules' `rt`
+    monkeypatch.setattr(support, "mgpu_warpgroups", counted)
     shapes = [
         tuple(head if n == SIZES["aligned"]["head"] else n for n in shape)
         for shape, _ in _shapes("attention", kernel, "aligned")
@@ -825,24 +831,31 @@ def _warpgroups_chosen(kernel: str, head: int, monkeypatch) -> list[int]:
     return chosen
 
 
-@pytest.mark.parametrize("kernel", ["attention", "attention_backward_dq", "attention_backward_dkdv", "gqa"])
-def test_attention_on_mosaic_gpu_shares_each_block_of_keys_between_two_warpgroups_of_queries(kernel, monkeypatch):
+@pytest.mark.parametrize(
+    "kernel, block",
+    [("attention", 128), ("attention_full", 128), ("attention_backward_dq", 64), ("attention_backward_dkdv", 64)]
+    + [("gqa", 64)],
+)
+def test_attention_on_mosaic_gpu_shares_each_block_of_keys_between_two_warpgroups_of_queries(kernel, block, monkeypatch):
     """At D = 128 a program's two computing warpgroups (each a block of the parallel
     dimension) and the key or query blocks in flight, which a third copies in, fit a
-    block's shared memory; outputs take the tiles of inputs read only in the pass."""
-    assert _warpgroups_chosen(kernel, 128, monkeypatch) == [2]
+    block's shared memory; outputs take the tiles of inputs read only in the pass. A
+    forward pass takes blocks of 128 keys where they fit (gqa's exact p @ v, two tiles of
+    operands a warpgroup, leaves room for 64); a backward pass, with twice the tiles of
+    scores in registers, 64."""
+    assert _blocks_chosen(kernel, 128, monkeypatch) == [(block, 2)]
 
 
 def test_attention_on_mosaic_gpu_takes_one_warpgroup_where_two_would_not_fit(monkeypatch):
-    """At D = 256 two warpgroups' tiles and the key blocks in flight exceed 227 KiB."""
-    assert _warpgroups_chosen("attention", 256, monkeypatch) == [1]
+    """At D = 192 two warpgroups' tiles of dk and dv and the query blocks in flight exceed 227 KiB."""
+    assert _blocks_chosen("attention_backward_dkdv", 192, monkeypatch) == [(64, 1)]
 
 
 def test_attention_on_mosaic_gpu_refuses_a_head_whose_blocks_exceed_shared_memory(monkeypatch):
     with pytest.raises(
         ValueError, match=r'attention_backward_dq: gpu_backend="mosaic_gpu" needs \d+ KiB of shared memory'
     ):
-        _warpgroups_chosen("attention_backward_dq", 256, monkeypatch)
+        _blocks_chosen("attention_backward_dq", 256, monkeypatch)
 
 
 def test_mosaic_gpu_warpgroups_fit_their_tiles_beside_the_blocks_in_flight():
@@ -855,6 +868,20 @@ def test_mosaic_gpu_warpgroups_fit_their_tiles_beside_the_blocks_in_flight():
         support.mgpu_warpgroups("k", [1] * 225, [0])
     with pytest.raises(ValueError, match=r'k: gpu_backend="mosaic_gpu" needs 231 KiB of shared memory'):
         support.mgpu_warpgroups("k", [200 * kib], [28 * kib])
+
+
+def test_mosaic_gpu_takes_the_larger_swept_block_where_its_tiles_fit_and_the_size_needs_it():
+    kib = 1024
+
+    def sizes(block):  # tiles a warpgroup, and the blocks in flight
+        return [block * kib // 2], [block * kib // 2]
+
+    assert support.mgpu_swept_block("k", 1000, sizes) == (128, 2)  # 2 * 64 + 64 + 3 KiB
+    assert support.mgpu_swept_block("k", 65, sizes) == (128, 2)
+    assert support.mgpu_swept_block("k", 64, sizes) == (64, 2)  # one block of 64 holds it all
+    assert support.mgpu_swept_block("k", 1000, sizes, most=1) == (128, 1)
+    assert support.mgpu_swept_block("k", 1000, lambda block: ([block * kib], [block * kib // 2])) == (64, 2)
+    assert support.mgpu_swept_block("k", 1000, lambda block: ([block * 1.6 * kib], [block * kib])) == (64, 1)
 
 
 def test_compact_launcher_lines_compute_the_same_values_in_the_same_order():

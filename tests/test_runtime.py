@@ -104,7 +104,7 @@ FEATURES = {
             "mgpu_softmax",
             "mgpu_grid_indices",
             "mgpu_check_whole",
-            "mgpu_warpgroups",
+            "mgpu_swept_block",
             "mgpu_warp_specialized",
         },
         {"S": 70, "T": 100, "D": 8, "E": 24},

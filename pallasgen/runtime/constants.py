@@ -60,6 +60,10 @@ MGPU_SMEM_PER_BLOCK = SHARED_KIB_BY_CAPABILITY[9, 0] * 1024  # an H100's (or H20
 # own kernels), the rest going to the warpgroups that compute.
 MGPU_SWEPT_STAGES = 2
 MGPU_MEMORY_REGISTERS = 40
+# The swept dimension's blocks, largest first: the call takes the first whose tiles fit
+# (rt.mgpu_swept_block). An H200 ran attention's forward pass 17% (full) and 23% (causal)
+# faster at 128 keys than at 64 (benchmarks/RESULTS.md, the probes).
+MGPU_SWEPT_BLOCKS = (128, 64)
 # Shared memory a warp-specialized pipeline takes beside its buffers (its barriers, their
 # alignment): Mosaic GPU's count of attention's at D = 192 (232,496 bytes) less the buffers'.
 MGPU_PIPELINE_KIB = 3

@@ -18,8 +18,8 @@ Keywords every generated function takes beside its arrays and params:
   else the spec's.
 - `gpu_backend`: on NVIDIA GPUs, "triton" or "mosaic_gpu" (sm_90 and later). None (the
   default): Mosaic GPU from sm_90 on for a kernel whose `kernel(...)` says
-  `on_hopper="mosaic_gpu"` (those with a matrix product but batched ones: faster there on
-  an H200, as Triton is for the others; benchmarks/RESULTS.md), else Triton. A kernel that
+  `on_hopper="mosaic_gpu"` (those with a matrix product: faster there on an H200, as
+  Triton is for the others; benchmarks/RESULTS.md), else Triton. A kernel that
   Mosaic GPU does not take runs on Triton either way (its docstring says why).
 - `mgpu_block_*`, `mgpu_stages` (products): Mosaic GPU's blocks (wgmma tiles) and K
   pipeline depth. None: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed
@@ -70,6 +70,7 @@ from pallasgen.runtime.constants import (
     MGPU_MEMORY_REGISTERS,
     MGPU_PIPELINE_KIB,
     MGPU_SMEM_PER_BLOCK,
+    MGPU_SWEPT_BLOCKS,
     MGPU_SWEPT_STAGES,
     MGPU_STAGES,
     SCOPED_VMEM_BYTES,
@@ -243,25 +244,42 @@ def mgpu_check_whole(kernel, dim, size, block, most):
         )
 
 
-def mgpu_warpgroups(kernel, tiles, blocks, most=2):
-    """How many warpgroups compute a warp-specialized Mosaic GPU program: `most`, or fewer
-    where theirs do not fit a block's shared memory. Each holds its own `tiles` (their
-    bytes) beside the swept `blocks` in flight (bytes of each input's), which they share;
+def _mgpu_smem_kib(warpgroups, tiles, blocks):
+    """Shared memory, in KiB, that `warpgroups` computing warpgroups' `tiles` (their bytes)
+    take beside the swept `blocks` in flight (bytes of each input's), which they share:
     each buffer takes whole KiB (swizzled tiles are aligned so), and the pipeline's
-    barriers some more. Refuses, before anything compiles, a program whose one warpgroup
-    would not fit."""
+    barriers some more."""
 
     def kib(sizes):
         return sum(-(-size // 1024) for size in sizes)
 
+    return kib(warpgroups * size for size in tiles) + kib(blocks) + MGPU_PIPELINE_KIB
+
+
+def mgpu_warpgroups(kernel, tiles, blocks, most=2):
+    """How many warpgroups compute a warp-specialized Mosaic GPU program: `most`, or fewer
+    where theirs do not fit a block's shared memory (`_mgpu_smem_kib`). Refuses, before
+    anything compiles, a program whose one warpgroup would not fit."""
     for warpgroups in range(most, 0, -1):
-        needed = kib(warpgroups * size for size in tiles) + kib(blocks) + MGPU_PIPELINE_KIB
+        needed = _mgpu_smem_kib(warpgroups, tiles, blocks)
         if needed * 1024 <= MGPU_SMEM_PER_BLOCK:
             return warpgroups
     raise ValueError(
         f'{kernel}: gpu_backend="mosaic_gpu" needs {needed} KiB of shared memory at these sizes, more than the'
         f' {MGPU_SMEM_PER_BLOCK // 1024} KiB of a block (use gpu_backend="triton")'
     )
+
+
+def mgpu_swept_block(kernel, size, sizes, most=2):
+    """The swept dimension's block and the computing warpgroups: the first of
+    MGPU_SWEPT_BLOCKS that `size` needs (past the next one's) and at which `most`
+    warpgroups' tiles fit beside the blocks in flight (`sizes(block)`: their bytes, as
+    mgpu_warpgroups takes them); else the last, with as many warpgroups as fit."""
+    blocks = MGPU_SWEPT_BLOCKS
+    for block, smaller in zip(blocks, blocks[1:]):
+        if size > smaller and _mgpu_smem_kib(most, *sizes(block)) * 1024 <= MGPU_SMEM_PER_BLOCK:
+            return block, most
+    return blocks[-1], mgpu_warpgroups(kernel, *sizes(blocks[-1]), most=most)
 
 
 def mgpu_warp_specialized(step, program, warpgroups, grid, in_specs):

@@ -6,8 +6,8 @@ lowering.fused writes them.
 A program is warp-specialized, as jax's own Hopper attention (`ops/gpu/attention_mgpu.py`):
 its last warpgroup copies the swept dimension's blocks into shared memory by TMA, two in
 flight (`rt.mgpu_warp_specialized`), while each of the others, two where their tiles fit
-shared memory beside those blocks (`rt.mgpu_warpgroups`, chosen at the call) and else
-one, computes its own block of the first parallel dimension (attention's queries) from
+shared memory beside those blocks and else one (chosen at the call with the swept
+dimension's block, 128 rows where they fit and 64 else: `rt.mgpu_swept_block`), computes its own block of the first parallel dimension (attention's queries) from
 them: it copies its blocks that do not vary along the swept dimension in once, runs the
 pass over the shared blocks with its running values (and the values read before the
 pass) as the pipeline's carry, then computes its outputs, writes them to shared memory
@@ -51,7 +51,7 @@ from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
 from pallasgen.runtime.constants import MGPU_SWEPT_STAGES as PIPELINE_STAGES
 
-BLOCK = 64  # rows of a block of each blocked dimension: the WGMMA layout's row tile
+BLOCK = 64  # rows of a block of each blocked dimension but the swept one: the WGMMA layout's row tile
 WHOLE_MULTIPLE = 64  # a dimension held whole is padded to a multiple of this (one swizzled row)
 WIDEST = 256  # the widest dimension held whole: wgmma's widest accumulator
 
@@ -578,11 +578,20 @@ class FusedPlanner:
             f")({', '.join(self._at(d) for d in streamed)})",
         ]
 
+    def _swept_block_grows(self) -> bool:
+        """Whether the call may take the swept dimension's block larger (rt.mgpu_swept_block):
+        where one product's tile spans it (a forward pass's scores). A backward pass's two
+        (its scores and dp) would hold twice the registers at 128 rows: kept at 64."""
+        swept = self.checked.sweep.dim
+        return sum(swept in self.checked.types[node].dims for node in self.fused.products) == 1
+
     def _launcher(self, keywords, scratch_types, streamed) -> tuple[str, ...]:
         """Blocks, the warpgroups, the arrays padded, the kernel, its outputs sliced back to
         their layout."""
         kernel, sizes = self.kernel, self.sizes
-        lines = compact([f"{block_keyword(d)} = {BLOCK}" for d in self.blocked])
+        swept = self.checked.sweep.dim
+        grows = self._swept_block_grows()
+        lines = compact([f"{block_keyword(d)} = {BLOCK}" for d in self.blocked if d != swept or not grows])
         for d in self.whole:
             lines += [
                 f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
@@ -594,11 +603,14 @@ class FusedPlanner:
             )
             for d in streamed
         ]
-        lines.append(
-            f'{self.warpgroups} = rt.mgpu_warpgroups("{kernel.name}", {spec_list(self.tile_bytes)}, {spec_list(blocks)}'
-            + ("" if self.split else ", most=1")
-            + ")"
-        )
+        tiles, most = f"{spec_list(self.tile_bytes)}, {spec_list(blocks)}", "" if self.split else ", most=1"
+        if grows:
+            lines.append(
+                f"{block_keyword(swept)}, {self.warpgroups} = rt.mgpu_swept_block("
+                f'"{kernel.name}", {sizes[swept]}, lambda {block_keyword(swept)}: ({tiles}){most})'
+            )
+        else:
+            lines.append(f'{self.warpgroups} = rt.mgpu_warpgroups("{kernel.name}", {tiles}{most})')
         padding = [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {self._wrapped_span(d)}" for d in self.blocked]
         for decl, plan in zip(kernel.inputs, self.lowered.inputs):
             value = self.values[decl.name]

@@ -113,12 +113,10 @@ def keyword_group(checked: CheckedKernel, with_triton: bool = True, residuals: b
 
 def faster_on_hopper(checked: CheckedKernel) -> bool:
     """Whether a call that names no `gpu_backend` runs Mosaic GPU's kernel from sm_90 on:
-    a kernel with a matrix product (a product, attention, their backward kernels) ran
-    faster on it than on Triton on an H200, but for a batched product, and a row-wise one
-    slower (benchmarks/RESULTS.md)."""
-    if checked.product is not None:
-        return not checked.batch
-    return bool(checked.fused and checked.fused.products)
+    a kernel with a matrix product (a product, batched too, attention, their backward
+    kernels) ran faster on it than on Triton on an H200, and a row-wise one slower
+    (benchmarks/RESULTS.md)."""
+    return checked.product is not None or bool(checked.fused and checked.fused.products)
 
 
 def kernel_function_name(kernel: str) -> str:
