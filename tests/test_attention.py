@@ -161,7 +161,8 @@ def test_tpu_simulation_matches_numpy(attention, name):
     parallel grid axes run in a random order), ragged S and T, the spec's blocks."""
     arrays = inputs(name, np.random.default_rng(7), s=200, t=300, d=64)
     try:
-        got = getattr(attention, name)(*arrays, interpret=pltpu.InterpretParams())
+        # finished before the reset: a kernel still running when its state is cleared fails
+        got = jax.block_until_ready(getattr(attention, name)(*arrays, interpret=pltpu.InterpretParams()))
     finally:
         pltpu.reset_tpu_interpret_mode_state()
     compare(name, got, expected(name, arrays))
@@ -179,11 +180,7 @@ def test_gpu_kernel_matches_numpy(attention, name, sizes, monkeypatch):
     take_gpu_branch(monkeypatch, attention)
     function = getattr(attention, name)
     function.clear_cache()
-    blocks = {
-        k: 16
-        for k in ("gpu_block_s", "gpu_block_t", "gpu_block_m", "gpu_block_n")
-        if k in function.options
-    }
+    blocks = {k: 16 for k in ("gpu_block_s", "gpu_block_t", "gpu_block_m", "gpu_block_n") if k in function.options}
     arrays = inputs(name, np.random.default_rng(1), **sizes)
     try:
         compare(name, function(*arrays, **blocks, interpret=True), expected(name, arrays))

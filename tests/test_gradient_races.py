@@ -5,6 +5,7 @@ dimension: no race, and the answer of its reference."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
@@ -51,7 +52,8 @@ def test_a_derived_kernel_has_no_race_on_a_simulated_multicore_tpu(stem, checked
     name = checked.kernel.name
     keywords = {block_keyword(d): b for d, b in blocks.items()}
     try:
-        got = getattr(module, name)(*inputs, **keywords, interpret=race_detection(cores=4))
+        # finished before its races are read and its state is reset
+        got = jax.block_until_ready(getattr(module, name)(*inputs, **keywords, interpret=race_detection(cores=4)))
         raced = races_found()
     finally:
         pltpu.reset_tpu_interpret_mode_state()

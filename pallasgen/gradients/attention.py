@@ -2,9 +2,9 @@
 
 A fused kernel has the attention form when one output is `P @ v` with P the softmax
 over T of scores `s` (`softmax(s, T)`, or `exp(s - max(s, T))` with the product divided
-by `sum(p, T)`, p rounded to v's dtype for the product or not), and `s` is an elementwise expression of one product `q @ k.T`, params,
-literals and index()/size() (a causal mask is a `where` of them). Any other output is
-`logsumexp(s, T)`.
+by `sum(p, T)`, p rounded to v's dtype for the product or not), and `s` is an
+elementwise expression of one product `q @ k.T`, params, literals and index()/size() (a
+causal mask is a `where` of them). Any other output is `logsumexp(s, T)`.
 
 Its backward pass is two kernels of the same fused kind, which recompute the
 probabilities block by block from the saved log-sum-exp, `p = exp(s - lse)`:

@@ -6,11 +6,12 @@ lowering.fused writes them.
 A program is warp-specialized, as jax's own Hopper attention (`ops/gpu/attention_mgpu.py`):
 its last warpgroup copies the swept dimension's blocks into shared memory by TMA, two in
 flight (`rt.mgpu_warp_specialized`), while each of the others, two where their tiles fit
-shared memory beside those blocks and else one (chosen at the call with the swept
-dimension's block, 128 rows where they fit and 64 else: `rt.mgpu_swept_block`), computes its own block of the first parallel dimension (attention's queries) from
-them: it copies its blocks that do not vary along the swept dimension in once, runs the
-pass over the shared blocks with its running values (and the values read before the
-pass) as the pipeline's carry, then computes its outputs, writes them to shared memory
+shared memory beside those blocks and else one (chosen at the call, with a forward
+pass's swept block: 128 rows where they fit, else 64; `rt.mgpu_swept_block`), computes
+its own block of the first parallel dimension (attention's queries) from them: it
+copies its blocks that do not vary along the swept dimension in once, runs the pass over
+the shared blocks with its running values (and the values read before the pass) as the
+pipeline's carry, then computes its outputs, writes them to shared memory
 (an output takes the tile of an input not read after the pass) and copies them out. A
 block where the kernel's `where` on positions is false everywhere (causal attention) is
 not computed (`jax.lax.cond`; it is still copied in). All programs are one grid axis
