@@ -184,11 +184,15 @@ class Emitter:
         return self._code(node).format(", ".join(self.emit(arg) for arg in node.args))
 
     def _code(self, node: ir.Call) -> str:
-        return self.codes.get(node.func, FUNCTIONS[node.func].code)
+        return self._spelled(node.func)
+
+    def _spelled(self, func: str) -> str:
+        """The spec function's code with `{}` for its arguments, as this backend spells it."""
+        return self.codes.get(func, FUNCTIONS[func].code)
 
     def call(self, func: str, *args: str) -> str:
         """The spec function `func` on code `args`, as this backend spells it."""
-        return self.codes.get(func, FUNCTIONS[func].code).format(", ".join(args))
+        return self._spelled(func).format(", ".join(args))
 
     def _traced_choice(self, node: ir.Expr) -> bool:
         """A `where` of weak scalars by a condition traced with the kernel (from a param

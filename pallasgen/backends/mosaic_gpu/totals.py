@@ -17,7 +17,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions, spec_list
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, SPELLINGS, reductions, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import if_residuals, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -189,11 +189,12 @@ class TotalsPlanner:
             return [f"{smem[0]}[...] = jnp.{FUNCTIONS[kind].reducer.block}({block}, axis=1)"]
         top = self.namer.claim(f"{block}_top")
         if kind == "logsumexp":  # each row's max, and its sum of exp(x - max)
+            exp = SPELLINGS["exp"].format(f"{block} - rt.mgpu_spread({top}, {shape}, 0)")
             return [
                 f"{top} = jnp.max({block}, axis=1)",
                 f"{smem[0]}[...] = {top}",
                 f"{top} = jnp.where({top} > -jnp.inf, {top}, 0.0)",
-                f"{smem[1]}[...] = jnp.sum(rt.mgpu_exp({block} - rt.mgpu_spread({top}, {shape}, 0)), axis=1)",
+                f"{smem[1]}[...] = jnp.sum({exp}, axis=1)",
             ]
         best = "max" if kind == "argmax" else "min"  # each row's best value, and its first position
         return [
