@@ -37,10 +37,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
-        ),
+        out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # y: f32[M, N]; mask: i32[M, N]
         out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
@@ -68,10 +65,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: i32[M, N]
-        ),
+        out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # y: f32[M, N]; mask: i32[M, N]
         out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -113,8 +113,8 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -202,8 +202,7 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -482,12 +481,10 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # dlse: f32[B, H, S]
+            # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
+            *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0))] * 2,  # lse, dlse: f32[B, H, S]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
@@ -572,12 +569,10 @@ def _attention_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # dlse: f32[B, H, S]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # o, do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
+            *[pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0))] * 2,  # lse, dlse: f32[B, H, S]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # dq: bf16[B, H, S, D]
@@ -859,20 +854,14 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
+            # lse, delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         scratch_shapes=[
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
@@ -956,20 +945,13 @@ def _attention_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_backward_dkdv",
@@ -1227,10 +1209,9 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
+            *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -1305,10 +1286,9 @@ def _attention_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # o, do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -1583,20 +1563,14 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
+            # lse, delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         scratch_shapes=[
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
@@ -1671,20 +1645,13 @@ def _attention_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_dkdv",
@@ -1917,8 +1884,7 @@ def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale,
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,  # k, v: bf16[B, H, T, D]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -2002,8 +1968,7 @@ def _attention_full_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -2205,10 +2170,8 @@ def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, 
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -2274,10 +2237,9 @@ def _attention_full_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # o, do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -2478,20 +2440,13 @@ def _attention_full_backward_dkdv_tpu(
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),  # delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j))] * 2,  # lse, delta: f32[B, H, S]
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         scratch_shapes=[
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
@@ -2559,20 +2514,13 @@ def _attention_full_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_full_backward_dkdv",
@@ -2812,8 +2760,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -2908,8 +2856,7 @@ def _attention_bottom_right_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -3184,10 +3131,9 @@ def _attention_bottom_right_backward_dq_tpu(
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            # k, v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
+            *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -3271,10 +3217,9 @@ def _attention_bottom_right_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0)),  # v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # o, do: bf16[B, H, S, D]
+            *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
         out_specs=(
@@ -3565,20 +3510,14 @@ def _attention_bottom_right_backward_dkdv_tpu(
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),  # delta: f32[B, H, S]
+            # lse, delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         scratch_shapes=[
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
@@ -3664,20 +3603,13 @@ def _attention_bottom_right_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # k: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0)),  # delta: f32[B, H, S]
+            *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
-        out_specs=(
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dk: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),  # dv: bf16[B, H, T, D]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, H, T, D]
+        out_specs=(pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_bottom_right_backward_dkdv",
@@ -3910,8 +3842,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, int
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,  # k, v: bf16[B, G, T, D]
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
@@ -3998,8 +3929,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,  # k, v: bf16[B, G, T, D]
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
@@ -4197,12 +4127,9 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s,
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),  # v: bf16[B, G, T, D]
-            # o: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # do: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # o, do: bf16[B, G, R, S, D]
+            *[pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0))] * 2,
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
         ],
         out_specs=(
@@ -4269,12 +4196,9 @@ def _gqa_backward_dq_gpu(
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0)),  # v: bf16[B, G, T, D]
-            # o: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            # do: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # o, do: bf16[B, G, R, S, D]
+            *[pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0))] * 2,
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
         ],
         out_specs=(
@@ -4471,24 +4395,15 @@ def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, bl
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),  # v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0))] * 2,  # k, v: bf16[B, G, T, D]
             # do: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
-            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),  # lse: f32[B, G, R, S]
-            # delta: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),
+            # lse, delta: f32[B, G, R, S]
+            *[pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j))] * 2,
         ],
-        out_specs=(
-            # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
-            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
-        ),
+        # dk_r, dv_r: f32[B, G, R, T, D]
+        out_specs=(pl.BlockSpec((None, None, None, block_t, d), lambda b, g, r, i, j: (b, g, r, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),) * 2,  # dk_r, dv_r
         scratch_shapes=[
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
@@ -4555,23 +4470,16 @@ def _gqa_backward_dkdv_gpu(
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0)),  # k: bf16[B, G, T, D]
-            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0)),  # v: bf16[B, G, T, D]
+            # k, v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0))] * 2,
             # do: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0)),  # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0)),  # delta: f32[B, G, R, S]
+            # lse, delta: f32[B, G, R, S]
+            *[pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0))] * 2,
         ],
-        out_specs=(
-            # dk_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            # dv_r: f32[B, G, R, T, D]
-            pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
-            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
-        ),
+        # dk_r, dv_r: f32[B, G, R, T, D]
+        out_specs=(pl.BlockSpec((None, None, None, block_t, block_d), lambda b, g, r, i: (b, g, r, i, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),) * 2,  # dk_r, dv_r
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gqa_backward_dkdv",
@@ -4739,16 +4647,9 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
         # dk_r, dv_r: f32[B, G, R, T, D]
         in_specs=[pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0))] * 2,
-        out_specs=(
-            # dk: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
-            # dv: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, G, T, D], broadcast over R
+        out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             vmem_limit_bytes=rt.vmem_limit(
@@ -4790,16 +4691,9 @@ def _gqa_backward_over_r_gpu(
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         # dk_r, dv_r: f32[B, G, R, T, D]
         in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l))] * 2,
-        out_specs=(
-            # dk: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
-            # dv: bf16[B, G, T, D], broadcast over R
-            pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dk
-            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dv
-        ),
+        # dk, dv: bf16[B, G, T, D], broadcast over R
+        out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),) * 2,
+        out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gqa_backward_over_r",

@@ -223,26 +223,9 @@ def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, b
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou: f32[B, N]
         in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 9,
-        out_specs=(
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby2: f32[B, N]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby2
-        ),
+        # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2: f32[B, N]
+        out_specs=(pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),) * 8,
+        out_shape=(jax.ShapeDtypeStruct((b, n), jnp.float32),) * 8,  # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n)
         ),
@@ -309,26 +292,9 @@ def _giou_backward_gpu(
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         # ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou: f32[B, N]
         in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 9,
-        out_specs=(
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dax2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # day2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby1: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dbx2: f32[B, N]
-            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # dby2: f32[B, N]
-        ),
-        out_shape=(
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby1
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx2
-            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby2
-        ),
+        # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2: f32[B, N]
+        out_specs=(pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),) * 8,
+        out_shape=(jax.ShapeDtypeStruct((b, n), jnp.float32),) * 8,  # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="giou_backward",

@@ -159,9 +159,8 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
         ],
         out_specs=(
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
-            (
-                pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None
-            ),  # logsumexp_v: f32[M], broadcast over V
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -312,9 +311,8 @@ def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, bloc
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
+            # label: i32[M], broadcast over V; logsumexp_v: f32[M], broadcast over V; dloss: f32[M], broadcast over V
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
@@ -354,9 +352,8 @@ def _cross_entropy_backward_gpu(
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dloss: f32[M], broadcast over V
+            # label: i32[M], broadcast over V; logsumexp_v: f32[M], broadcast over V; dloss: f32[M], broadcast over V
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),

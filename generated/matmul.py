@@ -723,8 +723,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: f32[M, N]
+            *[pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k))] * 2,  # acc, dz: f32[M, N]
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
@@ -768,8 +767,7 @@ def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         # running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: f32[M, N]
+            *[pl.BlockSpec((block_m, n), lambda i, j: (i, 0))] * 2,  # acc, dz: f32[M, N]
             pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: f32[M, K]
@@ -948,8 +946,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         # accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dz: f32[M, N]
+            *[pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j))] * 2,  # acc, dz: f32[M, N]
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
@@ -994,8 +991,7 @@ def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         # running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: f32[M, N]
+            *[pl.BlockSpec((m, block_n), lambda i, j: (0, j))] * 2,  # acc, dz: f32[M, N]
             pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]

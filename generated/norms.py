@@ -51,19 +51,16 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
+            *[pl.BlockSpec((1, n), lambda i: (0, 0))] * 2,  # w, b: f32[N], broadcast over M
         ],
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            *[jax.ShapeDtypeStruct((m, 1), jnp.float32)] * 2,  # mu, rstd
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltpu.CompilerParams(
@@ -110,19 +107,16 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, resid
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # b: f32[N], broadcast over M
+            *[pl.BlockSpec((1, block_n), lambda i: (0, 0))] * 2,  # w, b: f32[N], broadcast over M
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
-            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            *[jax.ShapeDtypeStruct((m, 1), jnp.float32)] * 2,  # mu, rstd
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -313,12 +307,9 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, bl
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
             pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M], broadcast over N
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dmu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # drstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M], broadcast over N
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -372,12 +363,9 @@ def _layer_norm_backward_gpu(
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
             pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M], broadcast over N
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dmu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # drstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M], broadcast over N
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -603,15 +591,11 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        out_specs=(
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # db: f32[N], broadcast over M
-        ),
-        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
+        out_specs=(pl.BlockSpec((1, n), lambda i: (0, 0)),) * 2,  # dw, db: f32[N], broadcast over M
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32),) * 2,  # dw, db
         scratch_shapes=[
             pltpu.VMEM((1, n), jnp.float32),  # sum_m_running_ref: the running sum over M of one block
             pltpu.VMEM((1, n), jnp.float32),  # sum_over_m_running_ref: the running sum over M of one block
@@ -667,15 +651,11 @@ def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, 
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mu: f32[M], broadcast over N
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((m, 1), lambda i: (0, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        out_specs=(
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # db: f32[N], broadcast over M
-        ),
-        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32), jax.ShapeDtypeStruct((1, n), jnp.float32)),  # dw  # db
+        out_specs=(pl.BlockSpec((1, block_n), lambda i: (0, i)),) * 2,  # dw, db: f32[N], broadcast over M
+        out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32),) * 2,  # dw, db
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="layer_norm_backward_over_m",

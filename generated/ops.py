@@ -252,11 +252,8 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 3,  # x, y, dz: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
+        out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # dx, dy: f32[M, N]
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32),) * 2,  # dx, dy
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n)
         ),
@@ -284,11 +281,8 @@ def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_st
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 3,  # x, y, dz: f32[M, N]
-        out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: f32[M, N]
-        ),
-        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.float32)),  # dx  # dy
+        out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # dx, dy: f32[M, N]
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32),) * 2,  # dx, dy
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="mul_f32_backward",

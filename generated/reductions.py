@@ -637,8 +637,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
+            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 2,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -690,8 +690,8 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residual
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
+            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 2,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
@@ -859,9 +859,8 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M], broadcast over N
+            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; dscale: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -902,9 +901,8 @@ def _quantize_rows_int8_backward_gpu(
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # max_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
+            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; dscale: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),

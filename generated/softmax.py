@@ -52,9 +52,8 @@ def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
+            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 3,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -105,9 +104,8 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpre
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # max_n: f32[M], broadcast over N
+            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 3,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -284,9 +282,8 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
@@ -335,9 +332,8 @@ def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_w
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # sum_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # argmax_n: i32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # max_n: f32[M], broadcast over N
+            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
@@ -553,9 +549,8 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, inte
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            (
-                pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None
-            ),  # logsumexp_n: f32[M], broadcast over N
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y

@@ -62,16 +62,29 @@ def read_where_used(lines: list[str]) -> list[str]:
 
 
 def written_specs(specs: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], int]:
-    """(comment, BlockSpec) pairs as a list of specs writes them, and its count: where every
-    array's BlockSpec is the same, one pair whose comment names them all, `count` times."""
-    if len(specs) < 2 or len({spec for _, spec in specs}) > 1:
-        return specs, 1
-    names, rests = zip(*(comment.partition(": ")[::2] for comment, _ in specs))
-    if len(set(rests)) == 1 and rests[0]:
-        comment = f"{', '.join(names)}: {rests[0]}"
-    else:
-        comment = "; ".join(comment for comment, _ in specs)
-    return ((comment, specs[0][1]),), len(specs)
+    """(comment, code) pairs as a list or tuple of them writes them, and a count: where
+    every entry is the same, one pair whose comment names them all, `count` times; else
+    each run of n alike as one pair `*[code] * n`, its comment naming the run."""
+    runs: list[list] = []
+    for comment, code in specs:
+        if runs and runs[-1][1] == code:
+            runs[-1][0].append(comment)
+        else:
+            runs.append([[comment], code])
+    if len(runs) == 1 and len(specs) > 1:
+        return ((_joined_comment(runs[0][0]), runs[0][1]),), len(specs)
+    return (
+        tuple((_joined_comment(c), code if len(c) == 1 else f"*[{code}] * {len(c)}") for c, code in runs),
+        1,
+    )
+
+
+def _joined_comment(comments: list[str]) -> str:
+    """One comment for several arrays alike: `x, y: f32[N]` from `x: f32[N]` and `y: f32[N]`."""
+    names, rests = zip(*(comment.partition(": ")[::2] for comment in comments))
+    if len(set(rests)) == 1:
+        return f"{', '.join(names)}: {rests[0]}" if rests[0] else ", ".join(names)
+    return "; ".join(comments)
 
 
 def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:

@@ -28,6 +28,7 @@ from pallasgen.backends.gpu.plan import (
     comments_above,
     launcher_parameters,
     mentioned,
+    out_shapes,
     shape_reads,
     tuned_fields,
 )
@@ -284,6 +285,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         out_specs=tuple(
             (comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)
         ),
+        out_shapes=out_shapes(lowered),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(lowered, tunable),

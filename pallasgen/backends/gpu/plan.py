@@ -76,6 +76,7 @@ class GpuPlan:
     grid_comment: tuple[str, ...]
     in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
     out_specs: tuple[tuple[str, str], ...]
+    out_shapes: tuple[tuple[str, str], ...]  # (jax.ShapeDtypeStruct, output name)
     kernel_parameters: str
     kernel_callable: str
     parameters: str  # of the GPU launcher
@@ -90,6 +91,14 @@ class GpuPlan:
         return written_specs(self.in_specs)
 
     @property
+    def written_out_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.out_specs)
+
+    @property
+    def written_out_shapes(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(tuple((name, shape) for shape, name in self.out_shapes))
+
+    @property
     def options_table(self) -> str:
         """The `rt.GpuOptions` the public function chooses the launcher's blocks and
         options from: the spec's, and those tuned by GPU kind."""
@@ -101,6 +110,13 @@ class GpuPlan:
         else:
             least_code = f", least={least[0]}" if least and least[0] > 1 else ""
         return f"rt.GpuOptions({{{', '.join(rows)}}}, {self.dims!r}{least_code})"
+
+
+def out_shapes(lowered: LoweredKernel) -> tuple[tuple[str, str], ...]:
+    """Each output's (jax.ShapeDtypeStruct, name), None for a residual not asked for."""
+    return tuple(
+        (if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {o.dtype})", o), o.spec_name) for o in lowered.outputs
+    )
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
@@ -314,6 +330,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         out_specs=tuple(
             (comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)
         ),
+        out_shapes=out_shapes(lowered),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=launcher_parameters(lowered, tunable),

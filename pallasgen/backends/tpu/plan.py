@@ -134,6 +134,14 @@ class TpuPlan:
     def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
         return written_specs(self.in_specs)
 
+    @property
+    def written_out_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.out_specs)
+
+    @property
+    def written_out_shapes(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(tuple((name, shape) for shape, name in self.out_shapes))
+
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
     """The blocked dimensions whose blocks are keywords, of any kernel (fused or not): all
