@@ -97,14 +97,13 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y, mask = plgpu.kernel(
+    y, mask = rt.mgpu_kernel(
         functools.partial(_leaky_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),
         ),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x)
     return y[:m, :n], mask[:m, :n]
@@ -215,11 +214,10 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, dy = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, dy)
     return dx[:m, :n]
@@ -330,11 +328,10 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale = rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
-    (y,) = plgpu.kernel(
+    (y,) = rt.mgpu_kernel(
         functools.partial(_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, bias, scale)
     return y[:m, :n]
@@ -485,11 +482,10 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_bias_gelu_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, bias, scale, dy)
     return dx[:m, :n]
@@ -661,12 +657,11 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dbias,) = plgpu.kernel(
+    (dbias,) = rt.mgpu_kernel(
         functools.partial(_bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_n,), jnp.float32)] * 2],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(x, bias, scale, dy)
     return dbias[:n].reshape((1, n))
@@ -842,12 +837,11 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, bias = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     scale, dy = rt.mgpu_pad(scale.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dscale,) = plgpu.kernel(
+    (dscale,) = rt.mgpu_kernel(
         functools.partial(_bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_m,), jnp.float32)] * 2],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, bias, scale, dy)
     return dscale[:m].reshape((m, 1))
@@ -966,11 +960,10 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, scale = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(scale.reshape((m,)), (padded_m,))
-    (q,) = plgpu.kernel(
+    (q,) = rt.mgpu_kernel(
         functools.partial(_quantize_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, scale)
     return q[:m, :n]

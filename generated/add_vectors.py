@@ -87,11 +87,10 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     block_n = 256
     padded_n = n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_n,)), rt.mgpu_pad(y, (padded_n,))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_add_vectors_mosaic_gpu_kernel, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
-        grid=(pl.cdiv(padded_n, block_n),),
-        grid_names=("N",),
+        grid={"N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:n]

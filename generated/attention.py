@@ -246,10 +246,9 @@ def _attention_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, 
             max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
             max_t = max_t_new
             p = rt.mgpu_exp(s - max_t_shift)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t
             operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,)
-            )
+            acc_t = rt.mgpu_dot((block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,), acc=acc_t)
             sum_exp_t_block = rt.mgpu_fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             return max_t, acc_t, sum_exp_t
@@ -294,22 +293,20 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
-    o, lse = plgpu.kernel(
+    o, lse = rt.mgpu_kernel(
         functools.partial(_attention_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :size_s, :d], lse[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -622,7 +619,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
                 0,
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+            acc_t = rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,), acc=acc_t)
             return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -674,7 +671,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dlse = rt.mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dq, delta = plgpu.kernel(
+    dq, delta = rt.mgpu_kernel(
         functools.partial(
             _attention_backward_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
@@ -682,16 +679,14 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
             *[plgpu.SMEM((warpgroups, block_s), jnp.float32)] * 2,
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             *[plgpu.Barrier(num_barriers=warpgroups)] * 5,
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, o, do, lse, dlse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -991,11 +986,11 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
                 0,
             )
             operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            acc_s = rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,), acc=acc_s)
             operand_2 = rt.mgpu_fill_past(
                 (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
             )
-            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
+            acc_s_2 = rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,), acc=acc_s_2)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1045,7 +1040,7 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dk, dv = plgpu.kernel(
+    dk, dv = rt.mgpu_kernel(
         functools.partial(
             _attention_backward_dkdv_mosaic_gpu_kernel, h=h, t=t, size_s=size_s, block_s=block_s, scale=scale
         ),
@@ -1053,15 +1048,13 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
+        grid={"programs": b * h * pl.cdiv(t, warpgroups * block_t)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
             *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -1339,7 +1332,7 @@ def _attention_dq_mosaic_gpu_kernel(
                 0,
                 ragged=t % block_t,
             )
-            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+            acc_t = rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,), acc=acc_t)
             return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1384,22 +1377,20 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dq, delta = plgpu.kernel(
+    dq, delta = rt.mgpu_kernel(
         functools.partial(_attention_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -1684,7 +1675,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
             pt = rt.mgpu_exp(st - rt.mgpu_spread(lse, (block_t, block_s), 1))
             dpt = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             operand = rt.mgpu_fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
-            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            acc_s = rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,), acc=acc_s)
             operand_2 = rt.mgpu_fill_past(
                 (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(jnp.bfloat16),
                 s_start,
@@ -1693,7 +1684,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
                 0,
                 ragged=s % block_s,
             )
-            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
+            acc_s_2 = rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,), acc=acc_s_2)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -1743,21 +1734,19 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
-    dk, dv = plgpu.kernel(
+    dk, dv = rt.mgpu_kernel(
         functools.partial(_attention_dkdv_mosaic_gpu_kernel, h=h, t=t, s=s, block_s=block_s, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
+        grid={"programs": b * h * pl.cdiv(t, warpgroups * block_t)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
             *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -2006,10 +1995,9 @@ def _attention_full_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scra
         max_t_rescale = rt.mgpu_exp(max_t_previous - max_t_shift_vector)  # what the terms so far are worth now
         max_t = max_t_new
         p = rt.mgpu_exp(s - max_t_shift)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t
         operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,)
-        )
+        acc_t = rt.mgpu_dot((block_s, block_d), operand, v_smem, lhs_scratch=(operand_smem,), acc=acc_t)
         sum_exp_t_block = rt.mgpu_fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         return max_t, acc_t, sum_exp_t
@@ -2050,22 +2038,20 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, residuals,
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
-    o, lse = plgpu.kernel(
+    o, lse = rt.mgpu_kernel(
         functools.partial(_attention_full_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale),
         out_type=(
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :size_s, :d], (lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None)
@@ -2277,7 +2263,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+        acc_t = rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,), acc=acc_t)
         return acc_t, lse, delta
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
@@ -2321,7 +2307,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dq, delta = plgpu.kernel(
+    dq, delta = rt.mgpu_kernel(
         functools.partial(
             _attention_full_backward_dq_mosaic_gpu_kernel, h=h, size_s=size_s, d=d, t=t, block_t=block_t, scale=scale
         ),
@@ -2329,16 +2315,14 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -2547,9 +2531,9 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+        acc_s = rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,), acc=acc_s)
         operand_2 = rt.mgpu_fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
+        acc_s_2 = rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,), acc=acc_s_2)
         return acc_s, acc_s_2
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
@@ -2596,7 +2580,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dk, dv = plgpu.kernel(
+    dk, dv = rt.mgpu_kernel(
         functools.partial(
             _attention_full_backward_dkdv_mosaic_gpu_kernel, h=h, t=t, size_s=size_s, block_s=block_s, scale=scale
         ),
@@ -2604,15 +2588,13 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
+        grid={"programs": b * h * pl.cdiv(t, warpgroups * block_t)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
             *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -2905,9 +2887,15 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             sum_exp_t_terms = rt.mgpu_exp(s - max_t_shift)
             sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t
             operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-                (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
+            acc_t = rt.mgpu_dot(
+                (block_s, block_d),
+                operand,
+                v_smem,
+                split=jnp.bfloat16,
+                lhs_scratch=(operand_smem, operand_smem_2),
+                acc=acc_t,
             )
             return max_t, sum_exp_t, acc_t
 
@@ -2954,7 +2942,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, h, padded_size_s, block_d)), rt.mgpu_pad(k, (b, h, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, h, padded_t, block_d))
-    o, lse = plgpu.kernel(
+    o, lse = rt.mgpu_kernel(
         functools.partial(
             _attention_bottom_right_mosaic_gpu_kernel, h=h, size_s=size_s, t=t, block_t=block_t, scale=scale
         ),
@@ -2962,16 +2950,14 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, re
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32) if residuals else None,
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v)
     return o[:b, :h, :size_s, :d], (lse[:b, :h, :size_s].reshape((b, h, size_s, 1)) if residuals else None)
@@ -3270,7 +3256,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
                 0,
             )
             operand = rt.mgpu_fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-            acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+            acc_t = rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,), acc=acc_t)
             return acc_t, lse, delta
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -3317,7 +3303,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
     v, o = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(o, (b, h, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dq, delta = plgpu.kernel(
+    dq, delta = rt.mgpu_kernel(
         functools.partial(
             _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
             h=h,
@@ -3331,16 +3317,14 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
             jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * h * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * h * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :h, :size_s, :d], delta[:b, :h, :size_s].reshape((b, h, size_s, 1))
@@ -3649,11 +3633,11 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
                 0,
             )
             operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-            acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            acc_s = rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,), acc=acc_s)
             operand_2 = rt.mgpu_fill_past(
                 (ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
             )
-            acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
+            acc_s_2 = rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,), acc=acc_s_2)
             return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
@@ -3703,7 +3687,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
     v, do = rt.mgpu_pad(v, (b, h, padded_t, block_d)), rt.mgpu_pad(do, (b, h, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dk, dv = plgpu.kernel(
+    dk, dv = rt.mgpu_kernel(
         functools.partial(
             _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
             h=h,
@@ -3716,15 +3700,13 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
         ),
+        grid={"programs": b * h * pl.cdiv(t, warpgroups * block_t)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
             *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * h * pl.cdiv(t, warpgroups * block_t),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk[:b, :h, :t, :d], dv[:b, :h, :t, :d]
@@ -3970,9 +3952,15 @@ def _gqa_mosaic_gpu_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, g, r, 
         sum_exp_t_terms = rt.mgpu_exp(s - max_t_shift)
         sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t
         operand = rt.mgpu_fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
-            (block_s, block_d), operand, v_smem, split=jnp.bfloat16, lhs_scratch=(operand_smem, operand_smem_2)
+        acc_t = rt.mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_2),
+            acc=acc_t,
         )
         return max_t, sum_exp_t, acc_t
 
@@ -4016,22 +4004,20 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, residuals, interpret):
     padded_size_s, padded_t = size_s + -size_s % (warpgroups * block_s), t + -t % block_t
     q, k = rt.mgpu_pad(q, (b, g, r, padded_size_s, block_d)), rt.mgpu_pad(k, (b, g, padded_t, block_d))
     v = rt.mgpu_pad(v, (b, g, padded_t, block_d))
-    o, lse = plgpu.kernel(
+    o, lse = rt.mgpu_kernel(
         functools.partial(_gqa_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, t=t, block_t=block_t),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32) if residuals else None,
         ),
+        grid={"programs": b * g * r * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16),
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             *[rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16)] * 2,
             plgpu.Barrier(num_barriers=warpgroups),
         ],
-        grid=(b * g * r * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v)
     return o[:b, :g, :r, :size_s, :d], (lse[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1)) if residuals else None)
@@ -4237,7 +4223,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = rt.mgpu_fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t = acc_t + rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+        acc_t = rt.mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,), acc=acc_t)
         return acc_t, lse, delta
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over T, written out
@@ -4281,22 +4267,20 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     v, o = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(o, (b, g, r, padded_size_s, block_d))
     do = rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
-    dq, delta = plgpu.kernel(
+    dq, delta = rt.mgpu_kernel(
         functools.partial(_gqa_backward_dq_mosaic_gpu_kernel, g=g, r=r, size_s=size_s, d=d, t=t, block_t=block_t),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
+        grid={"programs": b * g * r * pl.cdiv(size_s, warpgroups * block_s)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_s, block_d), jnp.bfloat16)] * 3,
             plgpu.SMEM((warpgroups, block_s), jnp.float32),
             rt.mgpu_smem((warpgroups, block_s, block_t), jnp.bfloat16),
             *[plgpu.Barrier(num_barriers=warpgroups)] * 4,
         ],
-        grid=(b * g * r * pl.cdiv(size_s, warpgroups * block_s),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, o, do, lse)
     return dq[:b, :g, :r, :size_s, :d], delta[:b, :g, :r, :size_s].reshape((b, g, r, size_s, 1))
@@ -4507,11 +4491,11 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = rt.mgpu_fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s = acc_s + rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+        acc_s = rt.mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,), acc=acc_s)
         operand_2 = rt.mgpu_fill_past(
             (ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s
         )
-        acc_s_2 = acc_s_2 + rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,))
+        acc_s_2 = rt.mgpu_dot((block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,), acc=acc_s_2)
         return acc_s, acc_s_2
 
     def program(pipeline):  # a computing warpgroup's blocks: copied in, the pass over S, written out
@@ -4558,22 +4542,20 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     v, do = rt.mgpu_pad(v, (b, g, padded_t, block_d)), rt.mgpu_pad(do, (b, g, r, padded_size_s, block_d))
     lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
-    dk_r, dv_r = plgpu.kernel(
+    dk_r, dv_r = rt.mgpu_kernel(
         functools.partial(_gqa_backward_dkdv_mosaic_gpu_kernel, g=g, r=r, t=t, size_s=size_s, block_s=block_s),
         out_type=(
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
             jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
         ),
+        grid={"programs": b * g * r * pl.cdiv(t, warpgroups * block_t)},
         scratch_types=[
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.bfloat16)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_d), jnp.float32)] * 2,
             *[rt.mgpu_smem((warpgroups, block_t, block_s), jnp.bfloat16)] * 2,
             *[plgpu.Barrier(num_barriers=warpgroups)] * 2,
         ],
-        grid=(b * g * r * pl.cdiv(t, warpgroups * block_t),),
-        grid_names=("programs",),
-        num_threads=warpgroups + 1,
-        thread_name="wg",
+        warpgroups=warpgroups,
         interpret=interpret,
     )(q, k, v, do, lse, delta)
     return dk_r[:b, :g, :r, :t, :d], dv_r[:b, :g, :r, :t, :d]
@@ -4743,14 +4725,13 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     block_t, block_d = 64, 128
     padded_t, padded_d = t + -t % 8, d + -d % block_d
     dk_r, dv_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d)), rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
-    dk, dv = plgpu.kernel(
+    dk, dv = rt.mgpu_kernel(
         functools.partial(_gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r),
         out_type=(
             jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
             jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
         ),
-        grid=(b, g, pl.cdiv(padded_t, block_t), pl.cdiv(padded_d, block_d)),
-        grid_names=("B", "G", "T", "D"),
+        grid={"B": b, "G": g, "T": pl.cdiv(padded_t, block_t), "D": pl.cdiv(padded_d, block_d)},
         interpret=interpret,
     )(dk_r, dv_r)
     return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
@@ -4913,14 +4894,13 @@ def _matmul_softmax_stage_1_mosaic_gpu(
     rt.mgpu_check_choices("matmul_softmax_stage_1", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
-    (acc,) = plgpu.kernel(
+    (acc,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_softmax_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, w)
     return acc[:m, :n]
@@ -4989,12 +4969,11 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc = rt.mgpu_pad(acc, (padded_m, padded_n))
-    (y,) = plgpu.kernel(
+    (y,) = rt.mgpu_kernel(
         functools.partial(_matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(acc)
     return y[:m, :n]
@@ -5152,12 +5131,11 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     y, dy = rt.mgpu_pad(y, (padded_m, padded_n)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dacc,) = plgpu.kernel(
+    (dacc,) = rt.mgpu_kernel(
         functools.partial(_matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid={"M": padded_m // block_m},
         scratch_types=[rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(y, dy)
     return dacc[:m, :n]
@@ -5307,7 +5285,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dacc, w = rt.mgpu_pad(dacc, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_softmax_backward_x_mosaic_gpu_kernel,
             block_m=block_m,
@@ -5316,9 +5294,8 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(dacc, w)
     return dx[:m, :k]
@@ -5471,7 +5448,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     x, dacc = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dacc, (padded_m, padded_n))
-    (dw,) = plgpu.kernel(
+    (dw,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_softmax_backward_w_mosaic_gpu_kernel,
             block_k=block_k,
@@ -5480,9 +5457,8 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        grid={"K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
         interpret=interpret,
     )(x, dacc)
     return dw[:k, :n]
@@ -5649,12 +5625,11 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
-    (lhs,) = plgpu.kernel(
+    (lhs,) = rt.mgpu_kernel(
         functools.partial(_rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m},
         scratch_types=[rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, g)
     return lhs[:m, :k]
@@ -5703,14 +5678,13 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
     rt.mgpu_check_choices("rmsnorm_matmul_stage_2", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     lhs, w = rt.mgpu_pad(lhs, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_k, padded_n))
-    (y,) = plgpu.kernel(
+    (y,) = rt.mgpu_kernel(
         functools.partial(
             _rmsnorm_matmul_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(w, lhs)
     return y[:m, :n]
@@ -5919,15 +5893,14 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     block_m, block_k = 64, 128
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
-    lhs, mean_k = plgpu.kernel(
+    lhs, mean_k = rt.mgpu_kernel(
         functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, g)
     return lhs[:m, :k], mean_k[:m].reshape((m, 1))
@@ -6011,7 +5984,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_k, padded_n))
-    (dlhs,) = plgpu.kernel(
+    (dlhs,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_softmax_backward_x_mosaic_gpu_kernel,
             block_m=block_m,
@@ -6020,9 +5993,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(dy, w)
     return dlhs[:m, :k]
@@ -6104,7 +6076,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
     lhs, dy = rt.mgpu_pad(lhs, (padded_k, padded_m)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dw,) = plgpu.kernel(
+    (dw,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_softmax_backward_w_mosaic_gpu_kernel,
             block_k=block_k,
@@ -6113,9 +6085,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        grid={"K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
         interpret=interpret,
     )(lhs, dy)
     return dw[:k, :n]
@@ -6295,16 +6266,15 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, g = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(g.reshape((k,)), (padded_k,))
     mean_k, dlhs = rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,)), rt.mgpu_pad(dlhs, (padded_m, padded_k))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_k), jnp.bfloat16),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, g, mean_k, dlhs)
     return dx[:m, :k]
@@ -6469,12 +6439,11 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     padded_m, padded_k = m + -m % block_m, k + -k % block_k
     x, mean_k = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(mean_k.reshape((m,)), (padded_m,))
     dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
-    (dg,) = plgpu.kernel(
+    (dg,) = rt.mgpu_kernel(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_k,), jnp.float32),),
+        grid={"K": padded_k // block_k},
         scratch_types=[plgpu.SMEM((block_k,), jnp.float32)],
-        grid=(padded_k // block_k,),
-        grid_names=("K",),
         interpret=interpret,
     )(x, mean_k, dlhs)
     return dg[:k].reshape((1, k))

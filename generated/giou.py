@@ -113,11 +113,10 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     ax2, ay2 = rt.mgpu_pad(ax2, (padded_b, padded_n)), rt.mgpu_pad(ay2, (padded_b, padded_n))
     bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
     bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
-    (giou,) = plgpu.kernel(
+    (giou,) = rt.mgpu_kernel(
         functools.partial(_giou_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_b, block_b), pl.cdiv(padded_n, block_n)),
-        grid_names=("B", "N"),
+        grid={"B": pl.cdiv(padded_b, block_b), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
     return giou[:b, :n]
@@ -402,7 +401,7 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
     bx1, by1 = rt.mgpu_pad(bx1, (padded_b, padded_n)), rt.mgpu_pad(by1, (padded_b, padded_n))
     bx2, by2 = rt.mgpu_pad(bx2, (padded_b, padded_n)), rt.mgpu_pad(by2, (padded_b, padded_n))
     dgiou = rt.mgpu_pad(dgiou, (padded_b, padded_n))
-    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = rt.mgpu_kernel(
         functools.partial(_giou_backward_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
@@ -414,8 +413,7 @@ def _giou_backward_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, 
             jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
         ),
-        grid=(pl.cdiv(padded_b, block_b), pl.cdiv(padded_n, block_n)),
-        grid_names=("B", "N"),
+        grid={"B": pl.cdiv(padded_b, block_b), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
     return (

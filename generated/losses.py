@@ -224,19 +224,18 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, residuals, interpret):
     block_m, block_v = 64, 128
     padded_m, padded_v = m + -m % block_m, v + -v % block_v
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
-    loss, logsumexp_v = plgpu.kernel(
+    loss, logsumexp_v = rt.mgpu_kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.int32),
             *[plgpu.SMEM((block_m,), jnp.float32)] * 2,
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(logits, label)
     return loss[:m].reshape((m, 1)), (logsumexp_v[:m].reshape((m, 1)) if residuals else None)
@@ -395,11 +394,10 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
     logits, label = rt.mgpu_pad(logits, (padded_m, padded_v)), rt.mgpu_pad(label.reshape((m,)), (padded_m,))
     logsumexp_v = rt.mgpu_pad(logsumexp_v.reshape((m,)), (padded_m,))
     dloss = rt.mgpu_pad(dloss.reshape((m,)), (padded_m,))
-    (dlogits,) = plgpu.kernel(
+    (dlogits,) = rt.mgpu_kernel(
         functools.partial(_cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_v), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_v, block_v)),
-        grid_names=("M", "V"),
+        grid={"M": pl.cdiv(padded_m, block_m), "V": pl.cdiv(padded_v, block_v)},
         interpret=interpret,
     )(logits, label, logsumexp_v, dloss)
     return dlogits[:m, :v]

@@ -141,12 +141,11 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages, inte
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -303,14 +302,13 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, block_m, block_k, block_n, 
     rt.mgpu_check_choices("matmul_backward_x", "M K N", (block_m, block_k, block_n, stages), (8, 16, 32), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dz, y = rt.mgpu_pad(dz, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(dz, y)
     return dx[:m, :k]
@@ -455,14 +453,13 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, block_k, block_n, block_m, 
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, dz = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(dz, (padded_n, padded_m))
-    (dy,) = plgpu.kernel(
+    (dy,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
+        grid={"K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
         interpret=interpret,
     )(x, dz)
     return dy[:k, :n]
@@ -638,7 +635,7 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
-    z, acc = plgpu.kernel(
+    z, acc = rt.mgpu_kernel(
         functools.partial(
             _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
@@ -646,9 +643,8 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, y)
     return z[:m, :n], (acc[:m, :n] if residuals else None)
@@ -801,11 +797,10 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
-    (lhs,) = plgpu.kernel(
+    (lhs,) = rt.mgpu_kernel(
         functools.partial(_matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(acc, dz)
     return lhs[:m, :n]
@@ -858,7 +853,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
@@ -867,9 +862,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(y, lhs)
     return dx[:m, :k]
@@ -1007,11 +1001,10 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, dz = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(dz, (padded_m, padded_n))
-    (rhs,) = plgpu.kernel(
+    (rhs,) = rt.mgpu_kernel(
         functools.partial(_matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(acc, dz)
     return rhs[:m, :n]
@@ -1035,14 +1028,13 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
     x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_n, padded_m))
-    (dy,) = plgpu.kernel(
+    (dy,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
+        grid={"K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
         interpret=interpret,
     )(x, rhs)
     return dy[:k, :n]
@@ -1249,7 +1241,7 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_k, padded_n))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
-    z, acc = plgpu.kernel(
+    z, acc = rt.mgpu_kernel(
         functools.partial(
             _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
@@ -1257,9 +1249,8 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, block_m, block_n, block
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, y, bias)
     return z[:m, :n], (acc[:m, :n] if residuals else None)
@@ -1449,11 +1440,10 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    (lhs,) = plgpu.kernel(
+    (lhs,) = rt.mgpu_kernel(
         functools.partial(_matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(acc, bias, dz)
     return lhs[:m, :n]
@@ -1506,7 +1496,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_k, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
@@ -1515,9 +1505,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(y, lhs)
     return dx[:m, :k]
@@ -1754,14 +1743,13 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    (dbias,) = plgpu.kernel(
+    (dbias,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1), *[plgpu.SMEM((block_n,), jnp.float32)] * 2],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(acc, bias, dz)
     return dbias[:n].reshape((1, n))
@@ -1773,11 +1761,10 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     acc, bias = rt.mgpu_pad(acc, (padded_m, padded_n)), rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    (rhs,) = plgpu.kernel(
+    (rhs,) = rt.mgpu_kernel(
         functools.partial(_matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(acc, bias, dz)
     return rhs[:m, :n]
@@ -1831,7 +1818,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     x, rhs = rt.mgpu_pad(x, (padded_k, padded_m)), rt.mgpu_pad(rhs, (padded_m, padded_n))
-    (dy,) = plgpu.kernel(
+    (dy,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel,
             block_k=block_k,
@@ -1840,9 +1827,8 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        grid={"K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
         interpret=interpret,
     )(x, rhs)
     return dy[:k, :n]
@@ -2018,14 +2004,13 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, block_m, block_n, block_k, stages,
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
     x, y = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(y, (padded_n, padded_k))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(
             _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -2171,14 +2156,13 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, block_m, block_n, block_k, s
     rt.mgpu_check_choices("batched_matmul", "M N K", (block_m, block_n, block_k, stages), (64,), smem_bytes)
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, y = rt.mgpu_pad(x, (b, padded_m, padded_k)), rt.mgpu_pad(y, (b, padded_k, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(
             _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
+        grid={"B": b, "M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_m // block_m, padded_n // block_n),
-        grid_names=("B", "M", "N"),
         interpret=interpret,
     )(x, y)
     return z[:b, :m, :n]
@@ -2325,11 +2309,10 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
-    (lhs,) = plgpu.kernel(
+    (lhs,) = rt.mgpu_kernel(
         functools.partial(_batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
-        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("B", "M", "N"),
+        grid={"B": b, "M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(dz)
     return lhs[:b, :m, :n]
@@ -2385,7 +2368,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     )
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     lhs, y = rt.mgpu_pad(lhs, (b, padded_m, padded_n)), rt.mgpu_pad(y, (b, padded_k, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
@@ -2394,9 +2377,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
+        grid={"B": b, "M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_m // block_m, padded_k // block_k),
-        grid_names=("B", "M", "K"),
         interpret=interpret,
     )(y, lhs)
     return dx[:b, :m, :k]
@@ -2532,11 +2514,10 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
-    (rhs,) = plgpu.kernel(
+    (rhs,) = rt.mgpu_kernel(
         functools.partial(_batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
-        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("B", "M", "N"),
+        grid={"B": b, "M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(dz)
     return rhs[:b, :m, :n]
@@ -2593,7 +2574,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     padded_k, padded_n, padded_m = k + -k % block_k, n + -n % block_n, m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     x, rhs = rt.mgpu_pad(x, (b, padded_k, padded_m)), rt.mgpu_pad(rhs, (b, padded_m, padded_n))
-    (dy,) = plgpu.kernel(
+    (dy,) = rt.mgpu_kernel(
         functools.partial(
             _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel,
             block_k=block_k,
@@ -2602,9 +2583,8 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
             stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
+        grid={"B": b, "K": padded_k // block_k, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_k // block_k, padded_n // block_n),
-        grid_names=("B", "K", "N"),
         interpret=interpret,
     )(x, rhs)
     return dy[:b, :k, :n]
@@ -2759,14 +2739,13 @@ def _scores_mosaic_gpu(q, k, *, b, size_s, t, d, scale, block_s, block_t, block_
     rt.mgpu_check_choices("scores", "S T D", (block_s, block_t, block_d, stages), (16, 32, 64), smem_bytes)
     padded_size_s, padded_t, padded_d = size_s + -size_s % block_s, t + -t % block_t, d + -d % block_d
     q, k = rt.mgpu_pad(q, (b, padded_size_s, padded_d)), rt.mgpu_pad(k, (b, padded_t, padded_d))
-    (s,) = plgpu.kernel(
+    (s,) = rt.mgpu_kernel(
         functools.partial(
             _scores_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, block_d=block_d, stages=stages, scale=scale
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
+        grid={"B": b, "S": padded_size_s // block_s, "T": padded_t // block_t},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_size_s // block_s, padded_t // block_t),
-        grid_names=("B", "S", "T"),
         interpret=interpret,
     )(q, k)
     return s[:b, :size_s, :t]
@@ -2877,11 +2856,10 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     block_s, block_t = 64, 128
     padded_s, padded_t = s + -s % 8, t + -t % block_t
     ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
-    (dacc,) = plgpu.kernel(
+    (dacc,) = rt.mgpu_kernel(
         functools.partial(_scores_backward_epilogue_mosaic_gpu_kernel, block_s=block_s, block_t=block_t, scale=scale),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_t), jnp.bfloat16),),
-        grid=(b, pl.cdiv(padded_s, block_s), pl.cdiv(padded_t, block_t)),
-        grid_names=("B", "S", "T"),
+        grid={"B": b, "S": pl.cdiv(padded_s, block_s), "T": pl.cdiv(padded_t, block_t)},
         interpret=interpret,
     )(ds)
     return dacc[:b, :s, :t]
@@ -3024,14 +3002,13 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
     rt.mgpu_check_choices("scores_backward_q", "S D T", (block_s, block_d, block_t, stages), (64,), smem_bytes)
     padded_s, padded_d, padded_t = s + -s % block_s, d + -d % block_d, t + -t % block_t
     dacc, k = rt.mgpu_pad(dacc, (b, padded_s, padded_t)), rt.mgpu_pad(k, (b, padded_t, padded_d))
-    (dq,) = plgpu.kernel(
+    (dq,) = rt.mgpu_kernel(
         functools.partial(
             _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
+        grid={"B": b, "S": padded_s // block_s, "D": padded_d // block_d},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_s // block_s, padded_d // block_d),
-        grid_names=("B", "S", "D"),
         interpret=interpret,
     )(dacc, k)
     return dq[:b, :s, :d]
@@ -3183,14 +3160,13 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
     padded_t, padded_d, padded_s = t + -t % block_t, d + -d % block_d, s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
     dacc, q = rt.mgpu_pad(dacc, (b, padded_t, padded_s)), rt.mgpu_pad(q, (b, padded_s, padded_d))
-    (dk,) = plgpu.kernel(
+    (dk,) = rt.mgpu_kernel(
         functools.partial(
             _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
+        grid={"B": b, "T": padded_t // block_t, "D": padded_d // block_d},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(b, padded_t // block_t, padded_d // block_d),
-        grid_names=("B", "T", "D"),
         interpret=interpret,
     )(dacc, q)
     return dk[:b, :t, :d]
@@ -3347,12 +3323,11 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, stages
     padded_m, padded_n, padded_k = m + -m % block_m, n + -n % block_n, k + -k % block_k
     x, w = rt.mgpu_pad(x, (padded_m, padded_k)), rt.mgpu_pad(w, (padded_n, padded_k))
     bias = rt.mgpu_pad(bias.reshape((n,)), (padded_n,))
-    (y,) = plgpu.kernel(
+    (y,) = rt.mgpu_kernel(
         functools.partial(_linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k, stages=stages),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "N": padded_n // block_n},
         scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
-        grid=(padded_m // block_m, padded_n // block_n),
-        grid_names=("M", "N"),
         interpret=interpret,
     )(x, w, bias)
     return y[:m, :n]
@@ -3495,12 +3470,11 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dbias,) = plgpu.kernel(
+    (dbias,) = rt.mgpu_kernel(
         functools.partial(_linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(dy)
     return dbias[:n].reshape((1, n))
@@ -3644,14 +3618,13 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
     rt.mgpu_check_choices("linear_backward_x", "M K N", (block_m, block_k, block_n, stages), (64,), smem_bytes)
     padded_m, padded_k, padded_n = m + -m % block_m, k + -k % block_k, n + -n % block_n
     dy, w = rt.mgpu_pad(dy, (padded_m, padded_n)), rt.mgpu_pad(w, (padded_n, padded_k))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(
             _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        grid={"M": padded_m // block_m, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_m // block_m, padded_k // block_k),
-        grid_names=("M", "K"),
         interpret=interpret,
     )(dy, w)
     return dx[:m, :k]
@@ -3795,14 +3768,13 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
     padded_n, padded_k, padded_m = n + -n % block_n, k + -k % block_k, m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
     dy, x = rt.mgpu_pad(dy, (padded_n, padded_m)), rt.mgpu_pad(x, (padded_m, padded_k))
-    (dw,) = plgpu.kernel(
+    (dw,) = rt.mgpu_kernel(
         functools.partial(
             _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m, stages=stages
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
+        grid={"N": padded_n // block_n, "K": padded_k // block_k},
         scratch_types=[plgpu.Barrier(num_barriers=1)],
-        grid=(padded_n // block_n, padded_k // block_k),
-        grid_names=("N", "K"),
         interpret=interpret,
     )(dy, x)
     return dw[:n, :k]

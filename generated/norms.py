@@ -207,7 +207,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     b = rt.mgpu_pad(b.reshape((n,)), (padded_n,))
-    y, mu, rstd, mean_n = plgpu.kernel(
+    y, mu, rstd, mean_n = rt.mgpu_kernel(
         functools.partial(_layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
@@ -215,9 +215,8 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, residuals, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[*[plgpu.SMEM((block_m,), jnp.float32)] * 3, rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, w, b)
     return (
@@ -491,16 +490,15 @@ def _layer_norm_backward_mosaic_gpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m
     mu, rstd = rt.mgpu_pad(mu.reshape((m,)), (padded_m,)), rt.mgpu_pad(rstd.reshape((m,)), (padded_m,))
     mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
     dmu, drstd = rt.mgpu_pad(dmu.reshape((m,)), (padded_m,)), rt.mgpu_pad(drstd.reshape((m,)), (padded_m,))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=5),
             *[plgpu.SMEM((block_m,), jnp.float32)] * 5,
             rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
     return dx[:m, :n]
@@ -708,12 +706,11 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mu = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mu.reshape((m,)), (padded_m,))
     rstd, dy = rt.mgpu_pad(rstd.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    dw, db = plgpu.kernel(
+    dw, db = rt.mgpu_kernel(
         functools.partial(_layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32), jax.ShapeDtypeStruct((padded_n,), jnp.float32)),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)] * 2,
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(x, mu, rstd, dy)
     return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
@@ -886,15 +883,14 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
-    y, mean_n = plgpu.kernel(
+    y, mean_n = rt.mgpu_kernel(
         functools.partial(_rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, w)
     return y[:m, :n], (mean_n[:m].reshape((m, 1)) if residuals else None)
@@ -1090,16 +1086,15 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, w = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(w.reshape((n,)), (padded_n,))
     mean_n, dy = rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_n), jnp.bfloat16),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, w, mean_n, dy)
     return dx[:m, :n]
@@ -1263,12 +1258,11 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, mean_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(mean_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dw,) = plgpu.kernel(
+    (dw,) = rt.mgpu_kernel(
         functools.partial(_rms_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(x, mean_n, dy)
     return dw[:n].reshape((1, n))

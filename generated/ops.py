@@ -91,11 +91,10 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -199,11 +198,10 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -312,14 +310,13 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
     dz = rt.mgpu_pad(dz, (padded_m, padded_n))
-    dx, dy = plgpu.kernel(
+    dx, dy = rt.mgpu_kernel(
         functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
         ),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y, dz)
     return dx[:m, :n], dy[:m, :n]
@@ -424,12 +421,11 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
+    (i,) = rt.mgpu_kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return i[:m].reshape((m, 1))
@@ -553,12 +549,11 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
     y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
-    (sum_partials,) = plgpu.kernel(
+    (sum_partials,) = rt.mgpu_kernel(
         functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
+        grid={"N": padded_size_n // (64 * block_n)},
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_size_n // (64 * block_n),),
-        grid_names=("N",),
         interpret=interpret,
     )(x, y)
     n = jnp.sum(sum_partials)
@@ -644,11 +639,10 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -730,11 +724,10 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -837,12 +830,11 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
+    (i,) = rt.mgpu_kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return i[:m].reshape((m, 1))
@@ -932,12 +924,11 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
     y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
-    (sum_partials,) = plgpu.kernel(
+    (sum_partials,) = rt.mgpu_kernel(
         functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
+        grid={"N": padded_size_n // (64 * block_n)},
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_size_n // (64 * block_n),),
-        grid_names=("N",),
         interpret=interpret,
     )(x, y)
     n = jnp.sum(sum_partials)
@@ -1028,11 +1019,10 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -1119,11 +1109,10 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, y = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(y, (padded_m, padded_n))
-    (z,) = plgpu.kernel(
+    (z,) = rt.mgpu_kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, y)
     return z[:m, :n]
@@ -1231,12 +1220,11 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
+    (i,) = rt.mgpu_kernel(
         functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return i[:m].reshape((m, 1))
@@ -1349,12 +1337,11 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
     y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
-    (sum_partials,) = plgpu.kernel(
+    (sum_partials,) = rt.mgpu_kernel(
         functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
+        grid={"N": padded_size_n // (64 * block_n)},
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_size_n // (64 * block_n),),
-        grid_names=("N",),
         interpret=interpret,
     )(x, y)
     n = jnp.sum(sum_partials)

@@ -107,12 +107,11 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
+    (i,) = rt.mgpu_kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return i[:m].reshape((m, 1))
@@ -333,12 +332,11 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (i,) = plgpu.kernel(
+    (i,) = rt.mgpu_kernel(
         functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return i[:m].reshape((m, 1))
@@ -465,12 +463,11 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    (s,) = plgpu.kernel(
+    (s,) = rt.mgpu_kernel(
         functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        grid={"N": padded_n // block_n},
         scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
         interpret=interpret,
     )(x)
     return s[:n].reshape((1, n))
@@ -582,11 +579,10 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, ds = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(ds.reshape((n,)), (padded_n,))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, ds)
     return dx[:m, :n]
@@ -771,7 +767,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    q, scale, max_n, argmax_n = plgpu.kernel(
+    q, scale, max_n, argmax_n = rt.mgpu_kernel(
         functools.partial(_quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
@@ -779,13 +775,12 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, residuals, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
             jax.ShapeDtypeStruct((padded_m,), jnp.int32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             *[plgpu.SMEM((block_m,), jnp.float32)] * 2,
             plgpu.SMEM((block_m,), jnp.int32),
             rt.mgpu_smem((2, block_m, block_n), jnp.int8),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return (
@@ -947,11 +942,10 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     padded_m, padded_n = m + -m % 8, n + -n % block_n
     x, max_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
     argmax_n, dscale = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(dscale.reshape((m,)), (padded_m,))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
+        grid={"M": pl.cdiv(padded_m, block_m), "N": pl.cdiv(padded_n, block_n)},
         interpret=interpret,
     )(x, max_n, argmax_n, dscale)
     return dx[:m, :n]
@@ -1079,12 +1073,11 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     padded_size_n = size_n + -size_n % (64 * block_n)
     x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
     y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
-    (sum_partials,) = plgpu.kernel(
+    (sum_partials,) = rt.mgpu_kernel(
         functools.partial(_equal_count_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
+        grid={"N": padded_size_n // (64 * block_n)},
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_size_n // (64 * block_n),),
-        grid_names=("N",),
         interpret=interpret,
     )(x, y)
     n = jnp.sum(sum_partials)

@@ -199,7 +199,7 @@ def _softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y, sum_n, argmax_n, max_n = plgpu.kernel(
+    y, sum_n, argmax_n, max_n = rt.mgpu_kernel(
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
@@ -207,14 +207,13 @@ def _softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.int32) if residuals else None,
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return (
@@ -434,9 +433,10 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     x, sum_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(sum_n.reshape((m,)), (padded_m,))
     argmax_n, max_n = rt.mgpu_pad(argmax_n.reshape((m,)), (padded_m,)), rt.mgpu_pad(max_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=3),
             plgpu.SMEM((block_m,), jnp.float32),
@@ -444,8 +444,6 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, sum_n, argmax_n, max_n, dy)
     return dx[:m, :n]
@@ -613,15 +611,14 @@ def _log_softmax_mosaic_gpu(x, *, m, n, residuals, interpret):
     block_m, block_n = 64, 128
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x = rt.mgpu_pad(x, (padded_m, padded_n))
-    y, logsumexp_n = plgpu.kernel(
+    y, logsumexp_n = rt.mgpu_kernel(
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
             jax.ShapeDtypeStruct((padded_m,), jnp.float32) if residuals else None,
         ),
+        grid={"M": padded_m // block_m},
         scratch_types=[plgpu.SMEM((block_m,), jnp.float32), rt.mgpu_smem((2, block_m, block_n), jnp.float32)],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x)
     return y[:m, :n], (logsumexp_n[:m].reshape((m, 1)) if residuals else None)
@@ -776,16 +773,15 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     padded_m, padded_n = m + -m % block_m, n + -n % block_n
     x, logsumexp_n = rt.mgpu_pad(x, (padded_m, padded_n)), rt.mgpu_pad(logsumexp_n.reshape((m,)), (padded_m,))
     dy = rt.mgpu_pad(dy, (padded_m, padded_n))
-    (dx,) = plgpu.kernel(
+    (dx,) = rt.mgpu_kernel(
         functools.partial(_log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid={"M": padded_m // block_m},
         scratch_types=[
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             rt.mgpu_smem((2, block_m, block_n), jnp.float32),
         ],
-        grid=(padded_m // block_m,),
-        grid_names=("M",),
         interpret=interpret,
     )(x, logsumexp_n, dy)
     return dx[:m, :n]

@@ -128,7 +128,7 @@ def test_a_spec_path_cannot_inject_code_through_the_header(tmp_path):
 
 
 def test_an_input_named_plgpu_does_not_hide_the_mosaic_gpu_module():
-    """Mosaic GPU's launchers call `plgpu.kernel`: an input named `plgpu` is renamed
+    """Mosaic GPU's launchers use the `plgpu` module: an input named `plgpu` is renamed
     wherever those launchers would see it (it once replaced the module there)."""
     spec = "kernel double {\n in plgpu: f32[N]\n out z: f32[N]\n z = plgpu * 2.0\n}\n"
     tree = ast.parse(generate(spec, "p.pallas", "p.pallas"))

@@ -115,6 +115,21 @@ def test_kernel_lowers_to_mosaic_gpu_and_no_triton(module, kernel, size):
     assert not TRITON.search(text)
 
 
+@pytest.mark.parametrize("kernel", ["attention", "attention_backward_dkdv"])
+def test_compiled_a_computed_product_operand_stays_in_registers_and_accumulates_in_place(kernel, monkeypatch):
+    """Compiled (not interpreted), p @ v reads p from registers, not from a tile of shared
+    memory it was first written to, and adds into the running accumulator (ACC.init);
+    Mosaic GPU's interpreter runs neither, so it keeps the tile and the addition."""
+    operands, initialised = [], []
+    wgmma, init = plgpu.wgmma, plgpu.ACC.init
+    monkeypatch.setattr(plgpu, "wgmma", lambda acc, a, b, **k: (operands.append(a), wgmma(acc, a, b, **k))[1])
+    monkeypatch.setattr(plgpu.ACC, "init", lambda value: (initialised.append(value), init(value))[1])
+    _exported_text("attention", kernel, "ragged", gpu_backend="mosaic_gpu")
+    from_registers = [a for a in operands if isinstance(a, jax.Array)]  # a traced value, where a Ref is a tile
+    assert len(from_registers) == {"attention": 1, "attention_backward_dkdv": 2}[kernel]
+    assert len(initialised) == len(from_registers)
+
+
 # A Mosaic GPU kernel stores a block that is contiguous in its array (a vector's block)
 # with one cp.async.bulk, whose byte count it clamps at the array's end; PTX takes only
 # multiples of 16 bytes. Vectors of 5, 1 and 3,000,001 f32 stored so lost their last
@@ -836,7 +851,9 @@ def _blocks_chosen(kernel: str, head: int, monkeypatch) -> list[tuple[int, int]]
     [("attention", 128), ("attention_full", 128), ("attention_backward_dq", 64), ("attention_backward_dkdv", 64)]
     + [("gqa", 64)],
 )
-def test_attention_on_mosaic_gpu_shares_each_block_of_keys_between_two_warpgroups_of_queries(kernel, block, monkeypatch):
+def test_attention_on_mosaic_gpu_shares_each_block_of_keys_between_two_warpgroups_of_queries(
+    kernel, block, monkeypatch
+):
     """At D = 128 a program's two computing warpgroups (each a block of the parallel
     dimension) and the key or query blocks in flight, which a third copies in, fit a
     block's shared memory; outputs take the tiles of inputs read only in the pass. A

@@ -44,6 +44,7 @@ primitive behind `platform_dependent` is registered with jax on first use.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import textwrap
@@ -442,23 +443,58 @@ def mgpu_softmax(x, axis):
     return e / mgpu_spread(jnp.sum(e, axis=axis), x.shape, 1 - axis)
 
 
-def mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False):
-    """lhs @ rhs by wgmma, in an f32 accumulator of `shape`. Each operand is a tile in
-    shared memory, or a value written to its scratch tile there first (`lhs_scratch`:
-    one per part); an f32 `lhs` meeting a 16-bit `rhs` is `split` into two of that dtype
-    (its high part and the rest). `transposed`: `rhs` holds [N, K]."""
+def mgpu_kernel(body, out_type, grid, interpret, scratch_types=(), warpgroups=None):
+    """plgpu.kernel of `body` over `grid` ({name: programs}); with `warpgroups`, that
+    many computing warpgroups and one more that copies, their index named "wg". Compiled
+    (not `interpret`ed), the body's products take a computed operand from registers and
+    accumulate in place (mgpu_dot), which Mosaic GPU's interpreter does not run."""
+    threads = {} if warpgroups is None else dict(num_threads=warpgroups + 1, thread_name="wg")
+    kernel = plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch_types,
+        grid=tuple(grid.values()),
+        grid_names=tuple(grid),
+        interpret=interpret,
+        **threads,
+    )
+
+    def traced(*arrays):  # the body is traced while the kernel is called
+        compiled = _MGPU_COMPILED.set(not interpret)
+        try:
+            return kernel(*arrays)
+        finally:
+            _MGPU_COMPILED.reset(compiled)
+
+    return traced
+
+
+# Whether the Mosaic GPU kernel being traced is compiled rather than interpreted (mgpu_kernel).
+_MGPU_COMPILED = contextvars.ContextVar("mgpu_compiled", default=False)
+
+
+def mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False, acc=None):
+    """lhs @ rhs by wgmma, in an f32 accumulator of `shape`, added to `acc` if given. Each
+    operand is a tile in shared memory, or a value written to its scratch tile there first
+    (`lhs_scratch`: one per part); an f32 `lhs` meeting a 16-bit `rhs` is `split` into two
+    of that dtype (its high part and the rest). `transposed`: `rhs` holds [N, K]. Compiled
+    (mgpu_kernel), a value `lhs` stays in registers, which wgmma reads, and the product
+    accumulates into `acc` in place."""
+    compiled = _MGPU_COMPILED.get()
     parts = [lhs]
     if split is not None:
         high = lhs.astype(split)
         parts = [high, (lhs - high.astype(jnp.float32)).astype(split)]
-    if lhs_scratch is not None:
+    if lhs_scratch is not None and compiled:
+        parts = [plgpu.layout_cast(part, plgpu.Layout.WGMMA) for part in parts]
+    elif lhs_scratch is not None:
         for part, ref in zip(parts, lhs_scratch):
             ref[...] = part
         parts = lhs_scratch
     if rhs_scratch is not None:
         rhs_scratch[...] = rhs
         rhs = rhs_scratch
-    if lhs_scratch is not None or rhs_scratch is not None:
+    if (lhs_scratch is not None and not compiled) or rhs_scratch is not None:
         plgpu.commit_smem()
     if transposed:
         rhs = rhs.T
@@ -466,9 +502,16 @@ def mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, tr
     def accumulate(acc_ref):
         for part in parts:
             plgpu.wgmma(acc_ref, part, rhs)
+
+    if acc is not None and compiled:
+        return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+    def accumulated(acc_ref):
+        accumulate(acc_ref)
         return acc_ref[...]
 
-    return pl.run_scoped(accumulate, plgpu.ACC(shape, jnp.float32))
+    product = pl.run_scoped(accumulated, plgpu.ACC(shape, jnp.float32))
+    return product if acc is None else acc + product
 
 
 def mgpu_floor(x):

@@ -44,7 +44,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.plan import mentioned
 from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, copy_out, spec_list
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, compact, copy_out, kernel_call, spec_list
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
 from pallasgen.lowering.parts import assigned_together, if_residuals, tuple_code
@@ -152,9 +152,10 @@ class _Lowering(FusedLowering):
         assert not lines
         return code
 
-    def product(self, node: ir.Binary, emitter, masked: bool) -> tuple[list[str], str]:
-        """The lines before a product and its code (`rt.mgpu_dot`); `masked`: computed
-        operands take 0 past the swept dimension's end on a ragged last block."""
+    def product(self, node: ir.Binary, emitter, masked: bool, acc: str | None = None) -> tuple[list[str], str]:
+        """The lines before a product and its code (`rt.mgpu_dot`), added to `acc` if given;
+        `masked`: computed operands take 0 past the swept dimension's end on a ragged last
+        block."""
         product = self.fused.products[node]
         dtype, split = product_dtypes(self.checked, node)
         lines, operands = [], []
@@ -181,10 +182,14 @@ class _Lowering(FusedLowering):
             keywords.append(f"rhs_scratch={self.planner.scratch(self.fused.frame[product.rhs], dtype)}")
         if product.rhs_contracts == 1:
             keywords.append("transposed=True")
+        result = self.types[node].dtype.name
+        if acc is not None and result == "f32":
+            keywords.append(f"acc={acc}")
         shape = self._shape(node)
         code = f"rt.mgpu_dot({shape}, {', '.join(operands)}{''.join(', ' + k for k in keywords)})"
-        result = self.types[node].dtype.name
-        return lines, code if result == "f32" else f"{code}.astype({jnp_dtype(result)})"
+        if result != "f32":
+            code = f"{code}.astype({jnp_dtype(result)})"
+        return lines, code if acc is None or result == "f32" else f"{acc} + {code}"
 
     def _load_pairs(self, statements, extra_roots=(), skip=()) -> list[tuple[str, str]]:
         """(value, load) of the inputs the statements read as values (not those a product
@@ -255,12 +260,13 @@ class _Lowering(FusedLowering):
         dim = self.checked.sweep.dim
         (name,) = names[:1]
         if carry.kind == "dot":
-            lines, term = self.product(carry.node, emitter, masked=True)
-            kept = name
+            rescaled = []
             if scale:
                 axes = self.fused.frame[carry.node]
-                kept = f"rt.mgpu_spread({scale}, {name}.shape, {self._scale_axis(carry, axes)}) * {name}"
-            return lines + [f"{name} = {kept} + {term}"]
+                spread = f"rt.mgpu_spread({scale}, {name}.shape, {self._scale_axis(carry, axes)})"
+                rescaled = [f"{name} = {spread} * {name}"]
+            lines, term = self.product(carry.node, emitter, masked=True, acc=name)
+            return rescaled + lines + [f"{name} = {term}"]
         axis = self._axis(carry.value, dim)
         block = self.namer.claim(f"{name}_block")
         if carry.kind == "expsum":
@@ -627,18 +633,15 @@ class FusedPlanner:
             )
             for o, plan in zip(kernel.outputs, self.lowered.outputs)
         )
-        lines += [
-            f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = plgpu.kernel(",
-            f"    functools.partial({self.base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
-            f"    out_type=({out_types},),",
-            f"    scratch_types={spec_list(scratch_types)},",
-            f"    grid=({' * '.join(self._count(d) for d in self.grid) or '1'},),",
-            "    grid_names=('programs',),",
-            f"    num_threads={self.warpgroups} + 1,",
-            '    thread_name="wg",',
-            "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
-        ]
+        call = kernel_call(
+            f"functools.partial({self.base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)})",
+            f"({out_types},)",
+            {"programs": " * ".join(self._count(d) for d in self.grid) or "1"},
+            [self.values[d.name] for d in kernel.inputs],
+            scratch=spec_list(scratch_types),
+            warpgroups=self.warpgroups,
+        )
+        lines += [f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = {call[0]}", *call[1:]]
         returned = [
             f"({if_residuals(crop, plan)})" if plan.residual else crop
             for out, plan in zip(kernel.outputs, self.lowered.outputs)

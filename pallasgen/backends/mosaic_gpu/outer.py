@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, program_lines, reductions, sized_dims, spec_list
+from pallasgen.backends.mosaic_gpu.support import (
+    EMITTER_OPTIONS,
+    kernel_call,
+    program_lines,
+    reductions,
+    sized_dims,
+    spec_list,
+)
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import assigned_together, layout_of, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -155,14 +162,11 @@ class OuterPlanner:
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in dims])})")
             reshapes.append(base.padding(value, dims, multiples))
         grid = [sizes[d] if d in outer else f"pl.cdiv({base.padded(d)}, {block_keyword(d)})" for d in (*outer, *plane)]
-        call = [
-            "plgpu.kernel(",
-            f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
-            f"    out_type={base.out_types(multiples)},",
-            f"    grid={tuple_code(grid)},",
-            f"    grid_names={tuple((*outer, *plane))!r},",
-            "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
-        ]
+        call = kernel_call(
+            f"functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)})",
+            base.out_types(multiples),
+            dict(zip((*outer, *plane), grid)),
+            [self.values[d.name] for d in kernel.inputs],
+        )
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
         return base.finish((refs, [], keywords), body, base.launcher(blocks, multiples, reshapes, call))

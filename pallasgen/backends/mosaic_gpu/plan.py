@@ -39,6 +39,7 @@ from pallasgen.backends.mosaic_gpu.support import (
     SMEM_BUDGET,
     compact,
     copy_out,
+    kernel_call,
     program_lines,
     spec_list,
     refusal,
@@ -348,22 +349,17 @@ class _ElementwisePlanner(_Planner):
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in dims])})")
             if multiples:
                 reshapes.append(self.padding(value, dims, multiples))
-        grid = tuple_code(
-            [
-                sizes[d] if d in batch else f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})"
-                for d in layout
-            ]
-        )
-        bound = ", ".join(f"{k}={k}" for k in keywords)
-        call = [
-            "plgpu.kernel(",
-            f"    functools.partial({kernel_function_name(kernel.name)}, {bound}),",
-            f"    out_type={self.out_types(multiples)},",
-            f"    grid={grid},",
-            f"    grid_names={tuple(layout)!r},",
-            "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
+        grid = [
+            sizes[d] if d in batch else f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})"
+            for d in layout
         ]
+        bound = ", ".join(f"{k}={k}" for k in keywords)
+        call = kernel_call(
+            f"functools.partial({kernel_function_name(kernel.name)}, {bound})",
+            self.out_types(multiples),
+            dict(zip(layout, grid)),
+            [self.values[d.name] for d in kernel.inputs],
+        )
         return self.finish((refs, [], keywords), kernel_body, self.launcher(blocks, multiples, reshapes, call))
 
     def _columns(self, arrays) -> int:
@@ -536,16 +532,13 @@ class _ProductPlanner(_Planner):
             reshapes.append(self.padding(value, own[decl.name], multiples))
         keywords = [*(block_keyword(d) for d in (m, n, k)), pipeline_stages, *(p.name for p in kernel.params)]
         grid = [*(sizes[d] for d in batch), *(f"{self.padded(d)} // {block_keyword(d)}" for d in (m, n))]
-        call = [
-            "plgpu.kernel(",
-            f"    functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)}),",
-            f"    out_type={self.out_types((m, n), optional=True)},",
-            f"    scratch_types={spec_list(scratch)},",
-            f"    grid={tuple_code(grid)},",
-            f"    grid_names={tuple(layout)!r},",
-            "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
-        ]
+        call = kernel_call(
+            f"functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)})",
+            self.out_types((m, n), optional=True),
+            dict(zip(layout, grid)),
+            [self.values[d.name] for d in kernel.inputs],
+            scratch=spec_list(scratch),
+        )
         chosen = {
             keyword: pipeline_stages if what == choices.STAGES else block_keyword(what)
             for keyword, what in choices.keywords(checked).items()

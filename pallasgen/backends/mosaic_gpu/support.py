@@ -75,6 +75,23 @@ def spec_list(specs) -> str:
     return f"[{', '.join(spec if n == 1 else f'*[{spec}] * {n}' for spec, n in runs)}]"
 
 
+def kernel_call(
+    function: str, out_type: str, grid: dict[str, str], arguments, scratch: str | None = None, warpgroups=None
+) -> list[str]:
+    """The launcher's call of its kernel (`rt.mgpu_kernel`): `function` (a partial) over
+    `grid` ({name: programs}), its arguments, its scratch and computing warpgroups."""
+    return [
+        "rt.mgpu_kernel(",
+        f"    {function},",
+        f"    out_type={out_type},",
+        f"    grid={{{', '.join(f'{name!r}: {count}' for name, count in grid.items())}}},",
+        *([f"    scratch_types={scratch},"] if scratch is not None else []),
+        *([f"    warpgroups={warpgroups},"] if warpgroups is not None else []),
+        "    interpret=interpret,",
+        f")({', '.join(arguments)})",
+    ]
+
+
 def copy_out(copies, residuals=frozenset()) -> list[str]:
     """The kernel's last lines: each (output's Ref, its tile in shared memory, its place
     in global memory) copied out by TMA (`rt.mgpu_copy_out`); a residual's (its Ref one

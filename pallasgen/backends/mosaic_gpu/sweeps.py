@@ -24,7 +24,14 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, copy_out, sized_dims, spec_list
+from pallasgen.backends.mosaic_gpu.support import (
+    EMITTER_OPTIONS,
+    SMEM_BUDGET,
+    copy_out,
+    kernel_call,
+    sized_dims,
+    spec_list,
+)
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import assigned_together, saved_only, tuple_code, unpacked_results
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -233,16 +240,13 @@ class SweepPlanner:
             if len(dims) < 2:  # laid out with a size-1 axis by the public function
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([self.sizes[d] for d in dims])})")
             reshapes.append(base.padding(value, dims, multiples))
-        call = [
-            "plgpu.kernel(",
-            f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
-            f"    out_type={base.out_types(multiples, optional=True)},",
-            f"    scratch_types={spec_list(scratch)},",
-            f"    grid=({base.padded(kept)} // {block_keyword(kept)},),",
-            f"    grid_names=({kept!r},),",
-            "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
-        ]
+        call = kernel_call(
+            f"functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)})",
+            base.out_types(multiples, optional=True),
+            {kept: f"{base.padded(kept)} // {block_keyword(kept)}"},
+            [self.values[d.name] for d in kernel.inputs],
+            scratch=spec_list(scratch),
+        )
         return base.finish((refs, scratch_refs, keywords), body, base.launcher(blocks, multiples, reshapes, call))
 
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
@@ -255,7 +259,10 @@ class SweepPlanner:
     def _block_loads(self, inputs) -> list[str]:
         positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
         return assigned_together(
-            [(self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})") for d in inputs]
+            [
+                (self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})")
+                for d in inputs
+            ]
         )
 
     def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:

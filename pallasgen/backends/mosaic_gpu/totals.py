@@ -17,7 +17,14 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, SPELLINGS, reductions, spec_list
+from pallasgen.backends.mosaic_gpu.support import (
+    EMITTER_OPTIONS,
+    SMEM_BUDGET,
+    SPELLINGS,
+    kernel_call,
+    reductions,
+    spec_list,
+)
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import if_residuals, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -140,16 +147,19 @@ class TotalsPlanner:
                 for d in inputs
             ),
             *(f"{rows[d.name]} = jnp.broadcast_to(jnp.reshape({self.values[d.name]}, ()), ({ROWS},))" for d in scalars),
-            f"{', '.join(partials)}, = plgpu.kernel(",
-            f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
-            "    out_type=("
+        ]
+        call = kernel_call(
+            f"functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)})",
+            "("
             + "".join(
                 f"jax.ShapeDtypeStruct(({padded} // {columns},), {t}), "
                 for n in self.reductions
                 for t in partial_types[n]
             )
-            + "),",
-            "    scratch_types=["
+            + ")",
+            {dim: f"{padded} // ({ROWS} * {columns})"},
+            [*(self.values[d.name] for d in inputs), *rows.values()],
+            scratch="["
             + ", ".join(
                 [
                     *(f"plgpu.SMEM(({ROWS},), {t})" for n in self.reductions for t in partial_types[n]),
@@ -157,12 +167,9 @@ class TotalsPlanner:
                     *([f"plgpu.Barrier(num_barriers={len(scalars)})"] if scalars else []),
                 ]
             )
-            + "],",
-            f"    grid=({padded} // ({ROWS} * {columns}),),",
-            f"    grid_names=({dim!r},),",
-            "    interpret=interpret,",
-            f")({', '.join([*(self.values[d.name] for d in inputs), *rows.values()])})",
-        ]
+            + "]",
+        )
+        launcher += [f"{', '.join(partials)}, = {call[0]}", *call[1:]]
         for node in self.reductions:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
             launcher.append(f"{self.results[node]} = {self._combined(node, dtype)}")
