@@ -39,9 +39,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
         out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # y: f32[M, N]; mask: i32[M, N]
         out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int32)),  # y  # mask
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(28 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 8 * m * n),
         interpret=interpret,
         name="leaky",
@@ -160,9 +158,7 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(28 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + 4 * m * n),
         interpret=interpret,
         name="leaky_backward",
@@ -262,9 +258,8 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel"), rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale) + 2 * m * n
@@ -401,9 +396,8 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel"), rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 2 * m * n
@@ -559,9 +553,8 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
+        compiler_params=rt.tpu_params(
+            ("parallel", "arbitrary"), rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=23 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
@@ -739,9 +732,8 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
+        compiler_params=rt.tpu_params(
+            ("parallel", "arbitrary"), rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m)
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, bias, scale, dy) + 4 * m * n
@@ -897,10 +889,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(18 * block_m * block_n + 8 * block_m),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(18 * block_m * block_n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n),
         interpret=interpret,
         name="quantize_rows",

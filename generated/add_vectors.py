@@ -16,7 +16,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
@@ -37,9 +36,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),  # z: f32[N]
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(24 * block_n)),
         cost_estimate=pl.CostEstimate(flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * n),
         interpret=interpret,
         name="add_vectors",

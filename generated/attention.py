@@ -129,9 +129,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
             pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
@@ -492,9 +490,7 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
@@ -861,9 +857,7 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
@@ -1216,9 +1210,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
@@ -1566,9 +1558,7 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * s * d,
             transcendentals=b * h * t * s,
@@ -1889,11 +1879,9 @@ def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale,
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
             pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
@@ -2169,9 +2157,9 @@ def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, 
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
@@ -2435,9 +2423,9 @@ def _attention_full_backward_dkdv_tpu(
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
@@ -2759,9 +2747,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
             pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
@@ -3131,9 +3117,7 @@ def _attention_bottom_right_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
@@ -3506,9 +3490,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=64 * 2**20
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
@@ -3841,11 +3823,9 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, int
             pltpu.VMEM((block_s, 1), jnp.float32),  # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * g * r * size_s * t * d,
@@ -4129,9 +4109,9 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s,
             jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # delta
         ),
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * g * r * size_s * t * d,
@@ -4392,9 +4372,9 @@ def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, bl
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * g * r * t * size_s * d,
@@ -4632,11 +4612,9 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         # dk, dv: bf16[B, G, T, D], broadcast over R
         out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),) * 2,
         out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(
-                24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel"),
+            rt.vmem_limit(24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * t * d, transcendentals=0, bytes_accessed=rt.nbytes(dk_r, dv_r) + 4 * b * g * r * t * d
@@ -4796,9 +4774,8 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
         out_specs=pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "arbitrary"), rt.vmem_limit(4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 4 * m * n
@@ -5047,9 +5024,7 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))] * 2,  # y, dy: f32[M, N]
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(24 * block_m * n)),
         cost_estimate=pl.CostEstimate(flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + 2 * m * n),
         interpret=interpret,
         name="matmul_softmax_backward",
@@ -5199,9 +5174,9 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + 2 * m * k
@@ -5363,9 +5338,9 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + 2 * k * n
@@ -5512,9 +5487,8 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel"), rt.vmem_limit(4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + 2 * m * n
@@ -5788,9 +5762,7 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_k
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g) + 6 * m * k
         ),
@@ -5947,9 +5919,9 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -6040,9 +6012,9 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + 2 * k * n
@@ -6144,9 +6116,7 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         ],
         out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k
         ),
@@ -6346,9 +6316,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k
         ),

@@ -16,7 +16,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
@@ -41,9 +40,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         in_specs=[pl.BlockSpec((block_b, block_n), lambda i, j: (i, j))] * 8,
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),  # giou: f32[B, N]
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(100 * block_b * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(100 * block_b * block_n)),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
             transcendentals=0,
@@ -225,9 +222,7 @@ def _giou_backward_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, b
         # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2: f32[B, N]
         out_specs=(pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),) * 8,
         out_shape=(jax.ShapeDtypeStruct((b, n), jnp.float32),) * 8,  # dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(316 * block_b * block_n)),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,
             transcendentals=0,

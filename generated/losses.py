@@ -91,9 +91,9 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, inte
             pltpu.VMEM((block_m, 1), jnp.float32),
             pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0)),
+        compiler_params=rt.tpu_params(
+            ("parallel", "arbitrary"),
+            rt.vmem_limit(16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * v,
@@ -315,10 +315,7 @@ def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, bloc
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * block_v + 24 * block_m),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(20 * block_m * block_v + 24 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * v,
             transcendentals=m * v,

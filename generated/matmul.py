@@ -59,9 +59,9 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -222,9 +222,9 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 4 * m * k
@@ -368,9 +368,9 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + 4 * k * n
@@ -526,9 +526,9 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, int
             jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
         ),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(
                 8 * block_m * block_k
                 + 8 * block_k * block_n
                 + 16 * block_m * block_n
@@ -725,9 +725,9 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + 4 * m * k
@@ -946,9 +946,9 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + 4 * k * n
@@ -1124,9 +1124,9 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, res
             jax.ShapeDtypeStruct((m, n), jnp.float32) if residuals else None,  # acc
         ),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(
                 4 * block_m * block_k
                 + 4 * block_k * block_n
                 + 8 * block_n
@@ -1345,11 +1345,9 @@ def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, bloc
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=m * n, bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k
@@ -1626,11 +1624,9 @@ def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, bloc
             pltpu.VMEM((block_k, block_n), jnp.float32),  # acc_m_ref: the product over M
             pltpu.VMEM((1, block_n), jnp.float32),  # sum_m_ref: the running sum over M
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "arbitrary", "arbitrary"),
+            rt.vmem_limit(12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=n * m, bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n
@@ -1922,9 +1918,9 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -2073,9 +2069,9 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, j)),  # z: f32[B, M, N]
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n
@@ -2239,9 +2235,9 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k
@@ -2461,9 +2457,9 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n
@@ -2654,9 +2650,9 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
         ],
         out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),  # s: f32[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel"),
+            rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d + b * size_s * t,
@@ -2801,9 +2797,8 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
         in_specs=[pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))],  # ds: f32[B, S, T]
         out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),  # dacc: bf16[B, S, T]
         out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_b * block_s * block_t),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel"), rt.vmem_limit(12 * block_b * block_s * block_t)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * t, transcendentals=0, bytes_accessed=rt.nbytes(ds) + 2 * b * s * t
@@ -2919,9 +2914,9 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),  # dq: bf16[B, S, D]
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],  # acc_t_ref: the product over T
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * d * t, transcendentals=0, bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d
@@ -3076,9 +3071,9 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),  # dk: bf16[B, T, D]
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],  # acc_s_ref: the product over S
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * t * d * s, transcendentals=0, bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d
@@ -3235,11 +3230,9 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n
@@ -3403,10 +3396,7 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
         cost_estimate=pl.CostEstimate(flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n),
         interpret=interpret,
         name="linear_backward_over_m",
@@ -3538,9 +3528,9 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -3687,9 +3677,9 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),  # dw: bf16[N, K]
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
         scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],  # acc_m_ref: the product over M
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k),
+        compiler_params=rt.tpu_params(
+            ("parallel", "parallel", "arbitrary"),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + 2 * n * k

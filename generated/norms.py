@@ -63,11 +63,8 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
             *[jax.ShapeDtypeStruct((m, 1), jnp.float32)] * 2,  # mu, rstd
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(
-                24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0)
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel",), rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
@@ -312,9 +309,7 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, bl
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=26 * m * n,
             transcendentals=0,
@@ -598,9 +593,7 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
             pltpu.VMEM((1, n), jnp.float32),  # sum_m_running_ref: the running sum over M of one block
             pltpu.VMEM((1, n), jnp.float32),  # sum_over_m_running_ref: the running sum over M of one block
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n)),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, mu, rstd, dy) + 8 * m * n
         ),
@@ -775,9 +768,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # mean_n
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + (8 * block_m if residuals else 0)),
+        compiler_params=rt.tpu_params(
+            ("parallel",), rt.vmem_limit(16 * block_m * n + 8 * n + (8 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n,
@@ -964,9 +956,7 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n
         ),
@@ -1167,9 +1157,7 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n
         ),

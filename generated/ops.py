@@ -38,9 +38,7 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(24 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_f32",
@@ -145,9 +143,7 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(24 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_f32",
@@ -252,9 +248,7 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 3,  # x, y, dz: f32[M, N]
         out_specs=(pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),) * 2,  # dx, dy: f32[M, N]
         out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32),) * 2,  # dx, dy
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(40 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y, dz) + 8 * m * n
         ),
@@ -358,9 +352,7 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_f32",
@@ -487,9 +479,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_f32",
@@ -596,9 +586,7 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(24 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="add_i32",
@@ -681,9 +669,7 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(24 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n),
         interpret=interpret,
         name="mul_i32",
@@ -767,9 +753,7 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i32",
@@ -878,9 +862,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i32",
@@ -976,9 +958,7 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(6 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="add_i8",
@@ -1066,9 +1046,7 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))] * 2,  # x, y: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n)
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(6 * block_m * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n),
         interpret=interpret,
         name="mul_i8",
@@ -1157,9 +1135,7 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i8[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(6 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_i8",
@@ -1291,9 +1267,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(12 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count_i8",

@@ -42,9 +42,7 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_rows",
@@ -178,10 +176,7 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
             pltpu.VMEM((block_m, 1), jnp.float32),  # argmax_n_max_ref: the running argmax over N of one block
             pltpu.VMEM((block_m, 1), jnp.int32),  # argmax_n_index_ref: the running argmax over N of one block
         ],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_m),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmax_blocked",
@@ -269,9 +264,7 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="argmin_rows",
@@ -397,10 +390,7 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
         name="column_sums",
@@ -521,10 +511,7 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_n),
-        ),
+        compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(16 * block_m * block_n + 8 * block_n)),
         cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + 4 * m * n),
         interpret=interpret,
         name="column_sums_backward",
@@ -642,11 +629,9 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
             jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(
-                14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0)
-            ),
+        compiler_params=rt.tpu_params(
+            ("parallel",),
+            rt.vmem_limit(14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
@@ -859,9 +844,7 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 32 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(20 * block_m * n + 32 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=13 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n
         ),
@@ -1012,9 +995,7 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary",), vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8)
-        ),
+        compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
         interpret=interpret,
         name="equal_count",

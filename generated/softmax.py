@@ -20,7 +20,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime import support as rt
@@ -61,9 +60,8 @@ def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.int32) if residuals else None,  # argmax_n
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # max_n
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0)),
+        compiler_params=rt.tpu_params(
+            ("parallel",), rt.vmem_limit(28 * block_m * n + (4 * block_m * n + 24 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n,
@@ -287,9 +285,7 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(44 * block_m * n + 24 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=15 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n
         ),
@@ -510,9 +506,8 @@ def _log_softmax_tpu(x, *, m, n, block_m, residuals, interpret):
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_n
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + (8 * block_m if residuals else 0)),
+        compiler_params=rt.tpu_params(
+            ("parallel",), rt.vmem_limit(20 * block_m * n + (8 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
             flops=m * n,
@@ -676,9 +671,7 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m)
-        ),
+        compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(28 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + 4 * m * n
         ),

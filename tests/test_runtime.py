@@ -34,7 +34,16 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"operands", "without_elements", "vmem_limit", "nbytes", "inside", "mask", "load", "store"}
-        | {"mgpu_pad", "mgpu_spec", "mgpu_load", "mgpu_kernel", "triton_options", "gpu_options", "gpu_device_kind"},
+        | {
+            "mgpu_pad",
+            "mgpu_spec",
+            "mgpu_load",
+            "mgpu_kernel",
+            "tpu_params",
+            "triton_options",
+            "gpu_options",
+            "gpu_device_kind",
+        },
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (

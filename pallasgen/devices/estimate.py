@@ -191,28 +191,28 @@ def _scoped_vmem_limit(module, limit_bytes):
         return
     import jax
 
-    original = module.pltpu
-    module.pltpu = _WithVmemLimit(original, limit_bytes)
+    original = module.rt
+    module.rt = _WithVmemLimit(original, limit_bytes)
     jax.clear_caches()  # generated functions are jitted: retrace them with the limit
     try:
         yield
     finally:
-        module.pltpu = original
+        module.rt = original
         jax.clear_caches()
 
 
 class _WithVmemLimit:
-    """`pltpu`, except that `CompilerParams` sets `vmem_limit_bytes`, whatever it is given."""
+    """The runtime `rt`, except that `tpu_params` sets the VMEM limit, whatever it is given."""
 
-    def __init__(self, pltpu, limit_bytes):
-        self._pltpu = pltpu
+    def __init__(self, runtime, limit_bytes):
+        self._runtime = runtime
         self._limit_bytes = limit_bytes
 
-    def CompilerParams(self, **params):
-        return self._pltpu.CompilerParams(**{**params, "vmem_limit_bytes": self._limit_bytes})
+    def tpu_params(self, semantics, _):
+        return self._runtime.tpu_params(semantics, self._limit_bytes)
 
     def __getattr__(self, name):
-        return getattr(self._pltpu, name)
+        return getattr(self._runtime, name)
 
 
 def describe(estimate: Estimate) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from functools import cache
 from importlib.resources import files
@@ -15,6 +16,9 @@ from pallasgen.lowering.gradient import DOC_WIDTH
 from pallasgen.lowering.parts import LINE_LENGTH
 from pallasgen.rendering.copies import without_copies
 from pallasgen.rendering.shared import share_identical_functions
+
+# The backends' modules a generated module imports where its code uses them.
+_BACKEND_MODULES = ("pltpu", "pltriton", "plgpu")
 
 BLACK_MODE = black.Mode(
     line_length=LINE_LENGTH,
@@ -61,14 +65,15 @@ def render_pieces(plan: ModulePlan) -> list[str]:
 def _pieces(plan: ModulePlan) -> tuple[str, list[str]]:
     """The header, and one piece per kernel and per backend's functions of it."""
     environment = _environment()
-    header = environment.get_template("header.py.j2").render(module=plan)
     kernels = []
     for kernel in plan.kernels:  # its launchers, then its public function, which names them
         for name, template in zip(kernel.backends, plan.templates):
             kernels.append((kernel.name, environment.get_template(template).render(k=kernel, p=kernel.backends[name])))
         kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
-    kernels = [(owner, without_copies(source)) for owner, source in kernels]
-    return header, share_identical_functions(kernels)
+    kernels = share_identical_functions([(owner, without_copies(source)) for owner, source in kernels])
+    code = "\n".join(kernels)
+    used = {module for module in _BACKEND_MODULES if re.search(rf"\b{module}\.", code)}
+    return environment.get_template("header.py.j2").render(module=plan, used=used), kernels
 
 
 def format_code(source: str) -> str:

@@ -1429,6 +1429,12 @@ def strip_view(ref, *index):
     return ref.at[tuple(slice(None) if part is None else pl.ds(*part) for part in index)]
 
 
+def tpu_params(semantics, vmem_limit_bytes):
+    """A TPU launch's pltpu.CompilerParams: each grid axis's dimension semantics and the
+    scoped VMEM limit (vmem_limit's)."""
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes)
+
+
 def vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
