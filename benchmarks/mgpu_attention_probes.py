@@ -1,8 +1,8 @@
 """Where Mosaic GPU attention's time goes on a Hopper GPU: hand-written variants of the
 generated forward kernel (`generated/attention.py`'s `_attention_mosaic_gpu_kernel`:
 warp-specialized, two computing warpgroups of 64 queries sharing blocks of 128 keys that
-a third copies in, p rounded to bf16 for p @ v through shared memory, exp as
-`rt.mgpu_exp`), each one change on top of it, timed beside the generated kernel, jax's
+a third copies in, p rounded to bf16 for p @ v and read from registers, the product
+accumulated in place, exp as `rt.mgpu_exp`), each one change on top of it, timed beside the generated kernel, jax's
 own Hopper kernel (`ops/gpu/attention_mgpu.py`, FlashAttention-3's structure) and cuDNN,
 at B=2 H=16 S=T=4096 D=128, causal and full. Each is first checked against float64
 NumPy at S=T=1000 (jax's kernel at 1024: it takes whole blocks only). Run on a GPU
@@ -12,14 +12,13 @@ every variant for CUDA without a GPU:
     python benchmarks/mgpu_attention_probes.py [--out FOLDER] [--dry-run] [VARIANT ...]
 
 The changes (VARIANTS): `fold` log2(e) folded into the scale (exp2 of the scores
-themselves, one multiply an element fewer), `regs` p @ v's operand read from registers,
-`init` p @ v accumulated into the running accumulator (`plgpu.ACC.init`) instead of
-added to it, `sched` the two warpgroups' softmax and products alternated by a barrier (as
-jax's kernel), `t64` blocks of 64 keys (the kernel generated before). `regs` and `init`
-do not run in Mosaic GPU's interpreter (wgmma's register operand and its accumulator's
-pipeline effect), which is why the generated kernels have neither yet. (`stages=3`: three
-blocks in flight; `split=True`: p @ v as two bf16 products of p's high and low parts, as
-generated before the specs rounded p.)
+themselves, one multiply an element fewer), `sched` the two warpgroups' softmax and
+products alternated by a barrier (as jax's kernel), `smem` p @ v's operand written to a
+shared-memory tile and the product added to the accumulator (the kernel generated
+before, and what Mosaic GPU's interpreter runs: it runs neither wgmma's register operand
+nor the accumulator's in-place pipeline), `t64` blocks of 64 keys as well. (`stages=3`:
+three blocks in flight; `split=True`: p @ v as two bf16 products of p's high and low
+parts, as generated before the specs rounded p.)
 """
 
 from __future__ import annotations
@@ -212,14 +211,12 @@ def reference(q, k, v, causal, scale=0.125):
 
 
 VARIANTS = {
-    "as_generated": dict(split=False, exp2="unfolded", block_t=128),
-    "t64": dict(split=False, exp2="unfolded"),
-    "fold": dict(split=False, exp2=True, block_t=128),
-    "regs_init": dict(split=False, regs=True, init_acc=True, exp2="unfolded", block_t=128),
-    "regs_init_fold": dict(split=False, regs=True, init_acc=True, exp2=True, block_t=128),
+    "as_generated": dict(split=False, regs=True, init_acc=True, exp2="unfolded", block_t=128),
+    "smem": dict(split=False, exp2="unfolded", block_t=128),
+    "smem_t64": dict(split=False, exp2="unfolded"),
+    "fold": dict(split=False, regs=True, init_acc=True, exp2=True, block_t=128),
     # Last: the barrier between the warpgroups hung on the first GPU run (fixed since).
-    "fold_sched": dict(split=False, exp2=True, sched=True, block_t=128),
-    "regs_init_fold_sched": dict(split=False, regs=True, init_acc=True, exp2=True, sched=True, block_t=128),
+    "fold_sched": dict(split=False, regs=True, init_acc=True, exp2=True, sched=True, block_t=128),
 }
 
 

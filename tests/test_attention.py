@@ -616,3 +616,34 @@ def test_inf_in_a_query_gives_the_references_lse(attention, path, monkeypatch):
     assert np.array_equal(np.isnan(f64(got_o)), np.isnan(f64(want_o)))
     if path == "gpu":
         attention.attention.clear_cache()
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_full"])
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_p_is_rounded_to_bf16_for_p_at_v_as_the_spec_says(attention, name, path, monkeypatch):
+    """`o = (bf16(p) @ v) / sum(p, T)`: the weights are rounded for the product, the sum
+    is not. With the last query's weights 1 (key 0) and exp(-1/8) (every other key, which
+    bf16 holds 3e-4 too high) and values that cancel, o is 1.0e-3 with p rounded and
+    6.8e-4 without: the kernel gives the first."""
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, attention)
+    function = getattr(attention, name)
+    function.clear_cache()
+    s, t, d = 128, 128, 16  # the last query sees every key, causal or not
+    q = np.zeros((1, 1, s, d), np.float32)
+    q[..., 0] = 1.0
+    k = np.zeros((1, 1, t, d), np.float32)
+    k[..., 1:, 0] = -1.0  # scores 0 for key 0, -1/8 for the others (scale 1/8)
+    v = np.ones((1, 1, t, d), np.float32)
+    v[..., 0, :] = -112.0
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
+    p = np.exp(np.where(np.arange(t) == 0, 0.0, -0.125))
+    rounded = f64(jnp.asarray(p, jnp.bfloat16))
+    want = (rounded @ f64(v[0, 0])) / p.sum()
+    unrounded = (p @ f64(v[0, 0])) / p.sum()
+    assert abs(want[0] - unrounded[0]) > 0.3 * abs(want[0])  # the two differ by a third
+    try:
+        o = jax.tree.leaves(function(q, k, v, interpret=True if path == "gpu" else None))[0]
+    finally:
+        function.clear_cache()
+    np.testing.assert_allclose(f64(o)[0, 0, -1], want, rtol=2**-7)
