@@ -1,5 +1,5 @@
 """The comment above each TPU grid says how its axes run, and says what the code does:
-the axes it calls independent are the `parallel` ones of `dimension_semantics`, those
+the axes it calls independent are the `parallel` ones of its dimension semantics, those
 it says accumulate in order the `arbitrary` ones."""
 
 from __future__ import annotations
@@ -76,5 +76,5 @@ def test_every_bundled_module_has_tpu_launchers():
 @pytest.mark.parametrize(("path", "name"), tpu_launchers())
 def test_the_grid_comment_states_the_dimension_semantics(path, name):
     launcher = top_level_functions(path)[name]
-    semantics = ast.literal_eval(re.search(r"dimension_semantics=(\([^)]*\))", launcher).group(1))
+    semantics = ast.literal_eval(re.search(r"compiler_params=rt\.tpu_params\(\s*(\([^)]*\))", launcher).group(1))
     assert semantics_the_comment_states(grid_comment(launcher)) == semantics

@@ -411,14 +411,10 @@ def test_show_states_the_grid_index_maps_and_semantics_of_the_generated_module(n
     assert [dim for _, dim, _ in facts["grid"]] == grid_dims
     if gpu:
         semantics = ["parallel"] * len(grid)
-    else:
-        params = keywords["compiler_params"]
-        semantics = [ast.literal_eval(k.value) for k in params.keywords if k.arg == "dimension_semantics"][0]
+    else:  # rt.tpu_params(dimension semantics, VMEM limit)
+        semantics = ast.literal_eval(keywords["compiler_params"].args[0])
     assert [role for _, _, role in facts["grid"]] == list(semantics)
-    outs, ins = keywords["out_specs"], keywords["in_specs"]
-    if isinstance(ins, ast.BinOp):  # [spec] * n: every input's BlockSpec is the same
-        ins = ast.List(ins.left.elts * ins.right.value)
-    specs = ins.elts + (outs.elts if isinstance(outs, ast.Tuple) else [outs])
+    specs = written_specs(keywords["in_specs"]) + written_specs(keywords["out_specs"])
     drawn = len(decls(checked))  # then the residuals', written under jax.grad only: `spec if residuals else None`
     assert all(isinstance(spec, ast.IfExp) for spec in specs[drawn:])
     for decl, spec in zip(decls(checked), specs[:drawn], strict=True):
@@ -431,6 +427,18 @@ def test_show_states_the_grid_index_maps_and_semantics_of_the_generated_module(n
         assert [index for index, _, _ in facts["grid"]] == [a.arg for a in index_map.args.args]
         expected_shape = [generated_block(variables, e, facts, gpu) for e in shape.elts]
         assert facts["specs"][decl.name][0] == expected_shape, decl.name
+
+
+def written_specs(node: ast.expr) -> list[ast.expr]:
+    """The BlockSpecs of in_specs or out_specs as written: one, a list or tuple of them, a
+    run of one alike `*[spec] * n` in it, or all alike `[spec] * n`, `(spec,) * n`."""
+    if isinstance(node, ast.BinOp):
+        return written_specs(node.left) * node.right.value
+    if isinstance(node, ast.Starred):
+        return written_specs(node.value)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [spec for element in node.elts for spec in written_specs(element)]
+    return [node]
 
 
 def generated_vmem_comment(name: str) -> str:
