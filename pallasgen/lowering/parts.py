@@ -79,6 +79,24 @@ def written_specs(specs: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, 
     )
 
 
+class WrittenSpecs:
+    """A launcher plan's in_specs, out_specs and out_shape as its template writes them
+    (written_specs): from its `in_specs` and `out_specs`, (comment, BlockSpec) pairs,
+    and its `out_shapes`, (jax.ShapeDtypeStruct, output name) pairs."""
+
+    @property
+    def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.in_specs)
+
+    @property
+    def written_out_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(self.out_specs)
+
+    @property
+    def written_out_shapes(self) -> tuple[tuple[tuple[str, str], ...], int]:
+        return written_specs(tuple((name, shape) for shape, name in self.out_shapes))
+
+
 def _joined_comment(comments: list[str]) -> str:
     """One comment for several arrays alike: `x, y: f32[N]` from `x: f32[N]` and `y: f32[N]`."""
     names, rests = zip(*(comment.partition(": ")[::2] for comment in comments))

@@ -21,7 +21,7 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
 from pallasgen.lowering.parts import (
     unpacked_results,
-    written_specs,
+    WrittenSpecs,
     if_residuals,
     saved_only,
     LINE_LENGTH,
@@ -62,7 +62,7 @@ SMALLEST_INT8_DOT_DEPTH = 32
 
 
 @dataclass(frozen=True)
-class GpuPlan:
+class GpuPlan(WrittenSpecs):
     function: str
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
@@ -85,18 +85,6 @@ class GpuPlan:
     loop: tuple[str, ...]  # the loop over the swept dimension's blocks, ending with its running values' assignment
     body: tuple[str, ...]
     tiling: Tiling  # what grid, in_specs and out_specs are written from
-
-    @property
-    def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(self.in_specs)
-
-    @property
-    def written_out_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(self.out_specs)
-
-    @property
-    def written_out_shapes(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(tuple((name, shape) for shape, name in self.out_shapes))
 
     @property
     def options_table(self) -> str:

@@ -576,7 +576,7 @@ class FusedPlanner:
                 for line in [*copies, *code.before, f"{finals} = {pipeline}({first})", *code.finish, *outputs]
             ),
             "",
-            f"rt.mgpu_warp_specialized(",
+            "rt.mgpu_warp_specialized(",
             f"    {step},",
             f"    {program},",
             f"    {self.warpgroups},",

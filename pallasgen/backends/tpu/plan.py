@@ -31,7 +31,7 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
 from pallasgen.lowering.parts import (
     LINE_LENGTH,
-    written_specs,
+    WrittenSpecs,
     if_residuals,
     array_positions,
     grid_names,
@@ -100,7 +100,7 @@ class BlockTable:
 
 
 @dataclass(frozen=True)
-class TpuPlan:
+class TpuPlan(WrittenSpecs):
     function: str  # the launcher
     kernel_function: str
     blocks: tuple[BlockPlan, ...]
@@ -129,18 +129,6 @@ class TpuPlan:
         str, ...
     ] = ()  # first, outside any pl.when: its scratch refs unpacked, where this step's blocks start
     helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
-
-    @property
-    def written_in_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(self.in_specs)
-
-    @property
-    def written_out_specs(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(self.out_specs)
-
-    @property
-    def written_out_shapes(self) -> tuple[tuple[tuple[str, str], ...], int]:
-        return written_specs(tuple((name, shape) for shape, name in self.out_shapes))
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
