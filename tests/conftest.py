@@ -1,19 +1,25 @@
 """Makes the shared test helpers (kernel_cases.py) importable in any pytest import mode,
 gives libtpu the environment it needs to start without a TPU (test_compiled.py) before
 anything imports jax, and marks the tests that drive a browser (`-m "not browser"`
-leaves them out: CI runs them on one of its two jax lines, see .ci/run).
+leaves them out).
 
 Test files that neither import nor run jax (the build path: spec checks, rendering,
-`pallasgen build`, `check` and `show`) say so with `pytestmark = pytest.mark.jax_free`:
-CI runs them on its first jax line only, as no jax version can change what they test.
+`pallasgen build`, `check` and `show`) say so with `pytestmark = pytest.mark.jax_free`
+(`-m jax_free` runs them alone; tests/test_layers.py holds them to it).
 
-`--case-stride N` runs, of each parametrized test's cases, the first and every Nth after
-it (in collection order): CI's second jax line runs every test and every tier, and a share
-of each sweep of kernels, shapes and chips that its first line runs whole, and with
-`--fuzz-examples 30` 30 of each fuzz test's 150 examples (hypothesis, derandomized)."""
+`--share K/N` runs the Kth of N disjoint shares of the suite, which together run each test
+once: a parametrized test's cases take turns between the shares, and so do a file's tests
+without cases; a test marked `jax_line` (a skipif on the jax version: it runs on some jax
+lines only) is not shared, but runs whole wherever it is not skipped. CI's two jax lines
+run a share each (.ci/run), so every tier runs on both and every case on one.
+`--case-stride N` runs, of each parametrized test's cases, the first and every Nth after it
+(before any `--share`); `--fuzz-examples N`, N of each fuzz test's 150 examples
+(hypothesis, derandomized)."""
 
 import os
+import re
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +43,11 @@ def pytest_addoption(parser):
         help="of each parametrized test's cases, run the first and every Nth after it (default 1: all)",
     )
     parser.addoption(
+        "--share",
+        metavar="K/N",
+        help="run the Kth of N disjoint shares of the suite, which together run each test once (default: all)",
+    )
+    parser.addoption(
         "--fuzz-examples",
         type=int,
         metavar="N",
@@ -57,7 +68,8 @@ def pytest_collection_modifyitems(config, items):
     """`browser`: each test that takes the `browser` fixture (test_playground.py: headless
     Chromium running the playground's Pyodide, whose Python and wheels are the same
     whichever Python and jax run pytest). With `--case-stride N`, each parametrized test's
-    cases past the first but every Nth are deselected."""
+    cases past the first but every Nth are deselected; with `--share K/N`, then, the
+    tests of the other shares."""
     for item in items:
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.browser)
@@ -70,6 +82,36 @@ def pytest_collection_modifyitems(config, items):
         test = (item.path, item.cls, getattr(item, "originalname", item.name))
         (kept if cases_seen[test] % stride == 0 else deselected).append(item)
         cases_seen[test] += 1
+    share = config.getoption("share")
+    if share is not None:
+        kept, deselected = shared(kept, *share_option(share), deselected)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+def shared(items: list, k: int, n: int, deselected: list) -> tuple[list, list]:
+    """The items of the Kth of N shares, and `deselected` with the others."""
+    turns = Counter()
+    kept = []
+    for item in items:
+        if item.get_closest_marker("jax_line"):
+            kept.append(item)
+            continue
+        # A parametrized test's cases take turns, as do a file's tests without cases; each
+        # run of turns starts at a share of its own (a hash of its name), so that the
+        # shares are even.
+        parametrized = hasattr(item, "callspec")
+        run = f"{item.path.name}::{item.originalname}" if parametrized else item.path.name
+        turn = turns[run] + zlib.crc32(run.encode())
+        turns[run] += 1
+        (kept if turn % n == k - 1 else deselected).append(item)
+    return kept, deselected
+
+
+def share_option(text: str) -> tuple[int, int]:
+    """K and N of `--share K/N` (1 <= K <= N), or a usage error."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise pytest.UsageError(f"--share must be K/N with 1 <= K <= N (as 1/2), not {text!r}")
+    return int(match[1]), int(match[2])

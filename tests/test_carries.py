@@ -10,7 +10,7 @@ import pytest
 from pallasgen.frontend import ir
 from pallasgen.workspace.pipeline import check_source
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

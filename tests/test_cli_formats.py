@@ -15,7 +15,7 @@ from pallasgen.workspace.report import Finding, formatted
 from pallasgen.workspace.tuning import Entry, format_tuning, with_entry
 from test_cli import ADD_VECTORS, BAD, SCALE, pallasgen, project, write  # noqa: F401
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 
 def records(stdout: str) -> list[dict]:

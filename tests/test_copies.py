@@ -7,7 +7,7 @@ import pytest
 
 from pallasgen.rendering.copies import without_copies
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 
 def test_a_copy_names_the_value_where_it_is_computed():

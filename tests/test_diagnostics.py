@@ -22,7 +22,7 @@ from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import decode, generate
 from pallasgen.frontend.transform import MAX_EXPRESSION_DEPTH
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

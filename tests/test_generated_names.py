@@ -21,7 +21,7 @@ from pallasgen.analysis.names import Namer
 from pallasgen.rendering.shared import share_identical_functions
 from pallasgen.workspace.pipeline import generate
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted((ROOT / "generated").glob("*.py"))

@@ -17,7 +17,7 @@ from pallasgen.workspace.pipeline import Tuning, decode, generate
 from pallasgen.workspace.sync import generated_from
 from pallasgen.workspace.tuning import tuning_path
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.pallas"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
 BENCHMARKS = PACKAGE.parent / "benchmarks"
@@ -200,7 +200,7 @@ def jax_free_test_files() -> list[Path]:
 
 
 def test_the_build_path_tests_are_marked_jax_free():
-    """CI runs them on one jax line only (tests/conftest.py, .ci/run)."""
+    """`-m jax_free` runs the build path's tests alone, without jax (tests/conftest.py)."""
     assert {path.stem for path in jax_free_test_files()} >= {"test_cli", "test_diagnostics", "test_golden", "test_render"}
 
 

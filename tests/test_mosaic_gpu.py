@@ -186,7 +186,13 @@ def test_grad_with_mosaic_gpu_runs_its_backward_kernels_on_mosaic_gpu_too(module
 INTERPRETER = getattr(plgpu, "InterpretGPUParams", None)
 
 
-@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+def interpreted(test):
+    """A test in the interpreter: on the jax lines that have it, whole under `--share`."""
+    skipped = pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+    return pytest.mark.jax_line(skipped(test))
+
+
+@interpreted
 @pytest.mark.parametrize("module, kernel, size", taken_at(["ragged", "one"]))
 def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kernel, size, monkeypatch):
     generated = generated_module(module)
@@ -275,7 +281,7 @@ def test_a_batched_bf16_product_with_an_f32_output_leaves_room_for_two_programs_
     assert used == 64 * 1024 and 2 * used <= mosaic_gpu.memory_budget
 
 
-@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@interpreted
 @pytest.mark.parametrize("module, kernel", SAVING, ids=[f"{m}.{k}" for m, k in SAVING])
 def test_residuals_interpreted_on_mosaic_gpu_equal_the_tpu_kernels(module, kernel, monkeypatch):
     """The outputs and residuals `with_residuals` gives on Mosaic GPU (interpreted) against
@@ -296,7 +302,7 @@ def test_residuals_interpreted_on_mosaic_gpu_equal_the_tpu_kernels(module, kerne
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, np.abs(w).max(initial=0)))
 
 
-@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@interpreted
 @pytest.mark.parametrize("n", [5, 1, 3001])
 def test_add_vectors_on_mosaic_gpu_is_exact_to_the_last_element(n, monkeypatch):
     """The launcher pads the vectors to whole blocks and slices the results back, exact to
@@ -780,7 +786,7 @@ def _qkv(s: int, t: int, d: int, seed: int = 0):
     return [jnp.asarray(random_array(rng, "bf16", shape)) for shape in [(1, 2, s, d), (1, 2, t, d), (1, 2, t, d)]]
 
 
-@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@interpreted
 def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal(monkeypatch):
     """Queries 0-127 see no key past 127: the second block of keys (of 128, as T = 256
     takes) is skipped, so NaN values there (which a computed block would multiply by its
@@ -796,7 +802,7 @@ def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal
     assert np.isnan(np.asarray(o[:, :, 128:], np.float32)).all()  # the diagonal's block reads them
 
 
-@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@interpreted
 @pytest.mark.parametrize("kernel", ["attention", "attention_full"])
 def test_attention_on_mosaic_gpu_is_exact_past_a_ragged_key_end(kernel, monkeypatch):
     """T = 65: its second block holds one key and 63 positions of padding, which must take

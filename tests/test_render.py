@@ -12,7 +12,7 @@ from pallasgen.workspace.pipeline import check_source
 from pallasgen.backends import plan_module
 from pallasgen.rendering.render import docstring, format_code, render_module, render_pieces
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.backends.tpu.tiling import format_bytes, vmem_bytes
 from pallasgen.show.tilesvg import render_svg
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"

@@ -203,6 +203,7 @@ def test_gpu_backend_without_gpu_is_a_usage_error(project):  # noqa: F811
 
 
 @pytest.mark.skipif(not hasattr(plgpu, "InterpretGPUParams"), reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.jax_line
 @pytest.mark.parametrize("blocks", [(64, 256, 8, 3), (128, 64, 16, 1), (64, 64, 32, 6)])
 def test_a_product_with_other_blocks_and_stages_agrees_at_ragged_sizes(project, monkeypatch, blocks):  # noqa: F811
     module = build(project)

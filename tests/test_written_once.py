@@ -10,7 +10,7 @@ import pytest
 from pallasgen.lowering.parts import assigned_together, kernel_signature, unpacked_results, written_specs
 from pallasgen.workspace.pipeline import generate
 
-pytestmark = pytest.mark.jax_free  # no jax: CI runs this file on one jax line (tests/conftest.py)
+pytestmark = pytest.mark.jax_free  # no jax: `-m jax_free` runs the build path alone (tests/conftest.py)
 
 SPEC = """kernel fma {
     in  a: f32[M, N]
