@@ -4810,6 +4810,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
         (16, 16),
         lambda block_m, block_k: num_stages * 2 * (block_m * block_k + block_k * block_n),
         lambda block_m, block_k: block_m * block_n,
+        num_warps,
     )
     return pl.pallas_call(
         functools.partial(_matmul_softmax_gpu_kernel, m=m, n=n, k=k, block_k=block_k),
@@ -5528,6 +5529,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
         (16, 16),
         lambda block_m, block_n: 2 * (block_m * block_k + block_k * block_n),
         lambda block_m, block_n: block_m * block_n,
+        num_warps,
     )
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_gpu_kernel, m=m, n=n, k=k, block_k=block_k),

@@ -315,6 +315,20 @@ def test_a_dot_with_an_operand_held_whole_fits_a_hoppers_shared_memory(kernel, s
     assert compile_only.compile_triton(ttir).shared <= MGPU_SMEM_PER_BLOCK  # an H100's or H200's
 
 
+def test_a_dot_with_an_operand_held_whole_keeps_its_product_in_its_warps_registers():
+    """matmul_softmax holds all of N=384 (512 a row): a 64-row program on four warps held
+    256 values of its product a thread, which ptxas spilled (860 stores, 38 s to compile);
+    rt.fit_dot_blocks halves the rows to 32, 128 values a thread."""
+    function = functools.partial(generated_module("attention").matmul_softmax, interpret=False, gpu_backend="triton")
+    arguments = [
+        jax.ShapeDtypeStruct((300, 1000), jax.numpy.bfloat16),
+        jax.ShapeDtypeStruct((1000, 384), jax.numpy.bfloat16),
+    ]
+    (ttir,) = compile_only.triton_ir(function, arguments)
+    binary = compile_only.compile_triton(ttir)
+    assert ttir.num_warps == 4 and binary.spill_stores == 0, binary.ptxas_log
+
+
 def test_a_dot_whose_product_row_passes_a_programs_registers_is_refused_naming_mosaic_gpu():
     """All of N=3000 (4096 values a row) in a program of 16 rows: 65536 values."""
     function = functools.partial(generated_module("attention").matmul_softmax, interpret=False, gpu_backend="triton")

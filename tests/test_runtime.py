@@ -643,15 +643,19 @@ def test_a_dots_blocks_are_halved_till_its_operands_fit_shared_memory_and_its_pr
     def few(block_m, block_k):
         return 1
 
-    # 136 KiB of operands, 204 KiB with Triton's half again, fit; 65536 values do not: M halved.
-    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, product) == (32, 64)
+    # 136 KiB of operands, 204 KiB with Triton's half again, fit; 65536 values do not (at
+    # most 32768, and 128 a thread): M is halved, on 4 warps twice.
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, product, 16) == (32, 64)
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, product, 8) == (32, 64)
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, product, 4) == (16, 64)
     # Without the product to hold, K is halved (which frees the most shared memory) instead.
-    assert support.fit_dot_blocks("k", (64, 128), (16, 16), operands, few) == (64, 64)
-    assert support.fit_dot_blocks("k", (16, 16), (16, 16), operands, product) == (16, 16)  # fits
+    assert support.fit_dot_blocks("k", (64, 128), (16, 16), operands, few, 4) == (64, 64)
+    # At the least blocks a product that spills is kept, up to PRODUCT_VALUES_MOST.
+    assert support.fit_dot_blocks("k", (32, 16), (32, 16), operands, product, 4) == (32, 16)
     monkeypatch.setattr(support, "gpu_capability", lambda: (8, 6))  # 99 KiB
-    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, few) == (64, 16)
+    assert support.fit_dot_blocks("k", (64, 64), (16, 16), operands, few, 4) == (64, 16)
     with pytest.raises(ValueError, match=r"k: at its least blocks a Triton program holds 65536 values .* 99 KiB"):
-        support.fit_dot_blocks("k", (64, 64), (64, 16), operands, product)
+        support.fit_dot_blocks("k", (64, 64), (64, 16), operands, product, 4)
 
 
 def test_shared_memory_per_block_follows_the_compute_capability(monkeypatch):

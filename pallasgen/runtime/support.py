@@ -205,33 +205,41 @@ def row_warps(values):
     return max(4, min(32, values // 1024))
 
 
-# The most values of its product a Triton program holds in registers: 128 KiB, half a
-# multiprocessor's register file (ptxas spilled 30 KiB a thread of a 64x2048 f32 tile).
+# The most values of its product a Triton program holds: 128 KiB, half a multiprocessor's
+# register file (ptxas spilled 30 KiB a thread of a 64x2048 f32 tile); and the most a
+# thread holds without spilling, half of its 255 registers (a 64x512 f32 product on four
+# warps, 256 a thread, spilled 860 stores and took ptxas 38 s to compile; 32x512, none
+# and 5.5 s).
 PRODUCT_VALUES_MOST = 32768
+PRODUCT_VALUES_A_THREAD = 128
 
 
-def fit_dot_blocks(kernel, blocks, least, operand_bytes, product_values):
-    """A Triton program's blocks, each a power of two no less than `least`, halved where
+def fit_dot_blocks(kernel, blocks, least, operand_bytes, product_values, num_warps):
+    """A Triton program's blocks, each a power of two no less than `least`, halved while
     its dot's operand blocks (`operand_bytes` of the blocks, stages counted) and half as
     much again (Triton's layout conversions) pass the shared memory of a GPU block, or its
-    product's values (`product_values` of the blocks) pass PRODUCT_VALUES_MOST: each
-    time, the block whose halving leaves the least excess. Raises where the least blocks
-    do not fit."""
+    product's values (`product_values` of the blocks) pass PRODUCT_VALUES_A_THREAD for
+    each of the `num_warps` warps' threads, or PRODUCT_VALUES_MOST: each time, the block
+    whose halving leaves the least excess. The least blocks are kept where their product
+    only spills; raises where they pass the shared memory or PRODUCT_VALUES_MOST."""
     budget, blocks = shared_memory_per_block(), list(blocks)
+    in_registers = min(num_warps * 32 * PRODUCT_VALUES_A_THREAD, PRODUCT_VALUES_MOST)
 
     def excess(b):
-        return max(3 * operand_bytes(*b) / 2 / budget, product_values(*b) / PRODUCT_VALUES_MOST)
+        return max(3 * operand_bytes(*b) / 2 / budget, product_values(*b) / in_registers)
 
     while excess(blocks) > 1:
         halved = [blocks[:i] + [b // 2] + blocks[i + 1 :] for i, b in enumerate(blocks) if b // 2 >= least[i]]
         if not halved:
-            raise ValueError(
-                f"{kernel}: at its least blocks a Triton program holds {product_values(*blocks)} values of its product"
-                f" (at most {PRODUCT_VALUES_MOST}) and {operand_bytes(*blocks) // 1024} KiB of operands in shared memory"
-                f" and Triton about half as much again (at most {budget // 1024} KiB here); on Hopper, use"
-                ' gpu_backend="mosaic_gpu"'
-            )
+            break
         blocks = min(halved, key=excess)
+    if 3 * operand_bytes(*blocks) / 2 > budget or product_values(*blocks) > PRODUCT_VALUES_MOST:
+        raise ValueError(
+            f"{kernel}: at its least blocks a Triton program holds {product_values(*blocks)} values of its product"
+            f" (at most {PRODUCT_VALUES_MOST}) and {operand_bytes(*blocks) // 1024} KiB of operands in shared memory"
+            f" and Triton about half as much again (at most {budget // 1024} KiB here); on Hopper, use"
+            ' gpu_backend="mosaic_gpu"'
+        )
     return tuple(blocks)
 
 

@@ -301,7 +301,7 @@ def _dot_fit(checked: CheckedKernel, tunable, whole, swept) -> tuple[str, ...]:
     """Where a kernel's one dot has an operand held whole along a dimension (its blocks
     grow with the call's size), the launcher's line that halves the other blocks until its
     operands fit shared memory (pipelined in `num_stages` copies where the program loops
-    over the swept dimension) and its product a program's registers (`rt.fit_dot_blocks`).
+    over the swept dimension) and its product its warps' registers (`rt.fit_dot_blocks`).
     Attention's two dots hold only the head's dimension whole, which their default blocks
     leave room for."""
     fused = checked.frame
@@ -323,7 +323,7 @@ def _dot_fit(checked: CheckedKernel, tunable, whole, swept) -> tuple[str, ...]:
     return (
         f"# The dot's operands (all of {', '.join(held)}) in shared memory, its product in registers: halved to fit.",
         f"{names}{one} = rt.fit_dot_blocks({checked.kernel.name!r}, ({names}{one}), {least},"
-        f" lambda {names}: {values}, lambda {names}: {result})",
+        f" lambda {names}: {values}, lambda {names}: {result}, num_warps)",
     )
 
 
