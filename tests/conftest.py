@@ -9,8 +9,8 @@ Test files that neither import nor run jax (the build path: spec checks, renderi
 
 `--share K/N` runs the Kth of N disjoint shares of the suite, which together run each test
 once: a parametrized test's cases take turns between the shares, and so do a file's tests
-without cases; a test marked `jax_line` (a skipif on the jax version: it runs on some jax
-lines only) is not shared, but runs whole wherever it is not skipped. CI's two jax lines
+without cases; a test marked `jax_line` (one that some jax lines skip, or run only in part)
+is not shared, but runs whole on every line. CI's two jax lines
 run a share each (.ci/run), so every tier runs on both and every case on one.
 `--case-stride N` runs, of each parametrized test's cases, the first and every Nth after it
 (before any `--share`); `--fuzz-examples N`, N of each fuzz test's 150 examples
@@ -84,16 +84,17 @@ def pytest_collection_modifyitems(config, items):
         cases_seen[test] += 1
     share = config.getoption("share")
     if share is not None:
-        kept, deselected = shared(kept, *share_option(share), deselected)
+        kept, others = shared(kept, *share_option(share))
+        deselected += others
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
 
 
-def shared(items: list, k: int, n: int, deselected: list) -> tuple[list, list]:
-    """The items of the Kth of N shares, and `deselected` with the others."""
+def shared(items: list, k: int, n: int) -> tuple[list, list]:
+    """The items of the Kth of N shares, and the others."""
     turns = Counter()
-    kept = []
+    kept, others = [], []
     for item in items:
         if item.get_closest_marker("jax_line"):
             kept.append(item)
@@ -105,8 +106,8 @@ def shared(items: list, k: int, n: int, deselected: list) -> tuple[list, list]:
         run = f"{item.path.name}::{item.originalname}" if parametrized else item.path.name
         turn = turns[run] + zlib.crc32(run.encode())
         turns[run] += 1
-        (kept if turn % n == k - 1 else deselected).append(item)
-    return kept, deselected
+        (kept if turn % n == k - 1 else others).append(item)
+    return kept, others
 
 
 def share_option(text: str) -> tuple[int, int]:

@@ -192,6 +192,11 @@ def interpreted(test):
     return pytest.mark.jax_line(skipped(test))
 
 
+# A test that lowers for CUDA on every jax line and runs the interpreter where there is one:
+# whole on each line under `--share`, so that no case loses its interpreted half.
+lowered_then_interpreted = pytest.mark.jax_line
+
+
 @interpreted
 @pytest.mark.parametrize("module, kernel, size", taken_at(["ragged", "one"]))
 def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kernel, size, monkeypatch):
@@ -614,6 +619,7 @@ TAKEN_SPECS = {
 }
 
 
+@lowered_then_interpreted
 @pytest.mark.parametrize("case", list(TAKEN_SPECS))
 def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp_path, monkeypatch):
     body, sizes = TAKEN_SPECS[case]
@@ -699,6 +705,7 @@ EDGE_SPECS = {
 }
 
 
+@lowered_then_interpreted
 @pytest.mark.parametrize("case", list(EDGE_SPECS))
 def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path, monkeypatch):
     body, x = EDGE_SPECS[case]
@@ -723,6 +730,7 @@ SQRT_VALUES = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), -1.0, -1e-3
 SQRT_VALUES += [0.25, 2.0, 3.0, 4.0, 10.0, 144.0, 1e10, 1.7e38, 3.4e38, 3.4028235e38, 1.0000001, 0.9999999]
 
 
+@lowered_then_interpreted
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_path, monkeypatch):
     module = _module_of(f"in x: {dtype}[M, N]\nout y: {dtype}[M, N]\ny = sqrt(x)", tmp_path, f"sqrt_{dtype}")
@@ -745,6 +753,7 @@ def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_p
     assert np.all(np.abs(got[~exact] - want[~exact]) <= spacing)
 
 
+@lowered_then_interpreted
 def test_exp_on_mosaic_gpu_is_spelled_as_exp2_and_within_a_few_ulps(tmp_path, monkeypatch):
     """Mosaic GPU lowers jnp.exp to an accurate expf; its kernels take exp as 2 ** (x * log2 e)."""
     module = _module_of("in x: f32[M, N]\nout y: f32[M, N]\ny = exp(x)", tmp_path, "exp")

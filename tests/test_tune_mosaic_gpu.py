@@ -16,6 +16,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from kernel_cases import take_gpu_branch
 from test_cli import pallasgen, project, write  # noqa: F401  (a fixture)
+from test_mosaic_gpu import interpreted
 from test_tune_gpu import H100, H200, MATMUL, checked, gpu_entry
 
 from pallasgen.analysis.tuning import kernel_fingerprint
@@ -202,8 +203,7 @@ def test_gpu_backend_without_gpu_is_a_usage_error(project):  # noqa: F811
     assert result.exit_code == 2 and "--gpu-backend chooses what --gpu tunes" in result.stderr
 
 
-@pytest.mark.skipif(not hasattr(plgpu, "InterpretGPUParams"), reason="Mosaic GPU's interpreter is public from jax 0.12")
-@pytest.mark.jax_line
+@interpreted
 @pytest.mark.parametrize("blocks", [(64, 256, 8, 3), (128, 64, 16, 1), (64, 64, 32, 6)])
 def test_a_product_with_other_blocks_and_stages_agrees_at_ragged_sizes(project, monkeypatch, blocks):  # noqa: F811
     module = build(project)
