@@ -512,14 +512,15 @@ def bias_gelu_backward(x, bias, scale, dy):
     return dx
 
 
-def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m):
+def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
-    x, bias, scale, dy = x_ref[...], bias_ref[...], scale_ref[...], dy_ref[...]
+    bias = bias_ref[...]
+    x, scale, dy = x_ref[...], scale_ref[...], dy_ref[...]
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -527,12 +528,11 @@ def _bias_gelu_backward_over_m_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_
         0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        dbias_ref[...] = sum_m
+        dbias_ref[...] = sum_m_ref[...]
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
@@ -551,8 +551,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         ],
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(
             ("parallel", "arbitrary"), rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m)
         ),
@@ -691,14 +690,15 @@ def bias_gelu_backward_over_m(x, bias, scale, dy):
     return dbias
 
 
-def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, n, block_n):
+def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_ref, *, n, block_n):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0.0, jnp.float32)
+        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0.0, jnp.float32)
 
-    x, bias, scale, dy = x_ref[...], bias_ref[...], scale_ref[...], dy_ref[...]
+    scale = scale_ref[...]
+    x, bias, dy = x_ref[...], bias_ref[...], dy_ref[...]
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -706,12 +706,11 @@ def _bias_gelu_backward_over_n_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale
         0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_n_block = rt.fill_past(dy_1 * y_1, step * block_n, n, 1, 0.0, ragged=n % block_n)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
+    sum_n_ref[...] = sum_n_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        sum_n = sum_n_running_ref[...]
-        dscale_ref[...] = sum_n
+        dscale_ref[...] = sum_n_ref[...]
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
@@ -730,8 +729,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         ],
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
-        # sum_n_running_ref: the running sum over N of one block
-        scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],  # sum_n_ref: the running sum over N
         compiler_params=rt.tpu_params(
             ("parallel", "arbitrary"), rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m)
         ),

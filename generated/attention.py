@@ -6281,12 +6281,12 @@ def rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs):
     return dx
 
 
-def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, block_m):
+def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_ref, *, m, block_m):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
     x, mean_k, dlhs = x_ref[...], mean_k_ref[...], dlhs_ref[...]
     h = x.astype(jnp.float32)
@@ -6295,12 +6295,11 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
     lhs_3 = h * lhs_2
     dlhs_1 = dlhs.astype(jnp.float32)
     sum_m_block = rt.fill_past(dlhs_1 * lhs_3, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        dg_ref[...] = sum_m
+        dg_ref[...] = sum_m_ref[...]
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
@@ -6317,7 +6316,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         ],
         out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
-        scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k

@@ -27,36 +27,46 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-def _cross_entropy_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, *scratch, v, block_v):
-    logsumexp_over_v_max_ref, logsumexp_over_v_sum_ref, sum_v_running_ref = scratch
+def _cross_entropy_kernel(
+    logits_ref, label_ref, loss_ref, logsumexp_v_ref, max_v_ref, sum_exp_v_ref, sum_v_ref, *, v, block_v
+):
+    v_start = pl.program_id(1) * block_v
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        logsumexp_over_v_max_ref[...] = jnp.full(logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32)
-        logsumexp_over_v_sum_ref[...] = jnp.full(logsumexp_over_v_sum_ref.shape, 0.0, jnp.float32)
-        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
+        max_v_ref[...] = jnp.full(max_v_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_v_ref[...] = jnp.full(sum_exp_v_ref.shape, 0.0, jnp.float32)
+        sum_v_ref[...] = jnp.full(sum_v_ref.shape, 0.0, jnp.float32)
 
-    logits, label = logits_ref[...], label_ref[...]
+    label = label_ref[...]
+    logits = logits_ref[...]
     z = logits.astype(jnp.float32)
-    logsumexp_over_v_block = rt.fill_past(z, step * block_v, v, 1, -jnp.inf, ragged=v % block_v)
-    logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
-        logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
-    )
+    max_v_block = rt.fill_past(z, step * block_v, v, 1, -jnp.inf, ragged=v % block_v)
+    max_v_previous = max_v_ref[...]
+    max_v_new = jnp.maximum(max_v_previous, jnp.max(max_v_block, axis=1, keepdims=True))
+    max_v_shift = jnp.where(max_v_new > -jnp.inf, max_v_new, 0.0)  # a row of -inf so far subtracts 0
+    max_v_rescale = jnp.exp(max_v_previous - max_v_shift)  # what the terms so far are worth now
+    max_v_ref[...] = max_v_new
+    sum_exp_v_terms = jnp.exp(z - max_v_shift)
+    sum_exp_v_block = rt.fill_past(sum_exp_v_terms, step * block_v, v, 1, 0.0, ragged=v % block_v)
+    sum_exp_v_ref[...] = max_v_rescale * sum_exp_v_ref[...] + jnp.sum(sum_exp_v_block, axis=1, keepdims=True)
     sum_v_block = rt.fill_past(
-        jnp.where(pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
+        jnp.where(v_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
         step * block_v,
         v,
         1,
         0.0,
         ragged=v % block_v,
     )
-    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
+    sum_v_ref[...] = sum_v_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...])
-        sum_v = sum_v_running_ref[...]
+        max_v = max_v_ref[...]
+        sum_exp_v = sum_exp_v_ref[...]
+        sum_v = sum_v_ref[...]
+        logsumexp_v = rt.logsumexp_finish(max_v, sum_exp_v)
         if logsumexp_v_ref is not None:
             logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
@@ -85,11 +95,9 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, inte
             jax.ShapeDtypeStruct((m, 1), jnp.float32) if residuals else None,  # logsumexp_v
         ),
         scratch_shapes=[
-            # logsumexp_over_v_max_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            # logsumexp_over_v_sum_ref: the running logsumexp over V of one block
-            pltpu.VMEM((block_m, 1), jnp.float32),
-            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_running_ref: the running sum over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # max_v_ref: the running max over V
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_exp_v_ref: the sum of exp(value - its running max) over V
+            pltpu.VMEM((block_m, 1), jnp.float32),  # sum_v_ref: the running sum over V
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "arbitrary"),
@@ -293,10 +301,11 @@ def cross_entropy(logits, label):
 
 
 def _cross_entropy_backward_kernel(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_v):
+    v_start = pl.program_id(1) * block_v
     logits, label, logsumexp_v = logits_ref[...], label_ref[...], logsumexp_v_ref[...]
     dloss = dloss_ref[...]
     z = logits.astype(jnp.float32)
-    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
+    loss_1 = v_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 

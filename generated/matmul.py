@@ -3365,22 +3365,21 @@ def linear(x, w, bias):
     return y
 
 
-def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, block_m):
+def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
     dy = dy_ref[...]
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        dbias_ref[...] = sum_m
+        dbias_ref[...] = sum_m_ref[...]
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
@@ -3394,8 +3393,7 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # dy: bf16[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
         cost_estimate=pl.CostEstimate(flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + 4 * m * n),
         interpret=interpret,

@@ -548,14 +548,14 @@ def layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
 
 
 def _layer_norm_backward_over_m_kernel(
-    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, sum_m_running_ref, sum_over_m_running_ref, *, m, block_m
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, sum_m_ref, sum_m_2_ref, *, m, block_m
 ):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
-        sum_over_m_running_ref[...] = jnp.full(sum_over_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
+        sum_m_2_ref[...] = jnp.full(sum_m_2_ref.shape, 0.0, jnp.float32)
 
     x, mu, rstd, dy = x_ref[...], mu_ref[...], rstd_ref[...], dy_ref[...]
     h = x.astype(jnp.float32)
@@ -563,16 +563,16 @@ def _layer_norm_backward_over_m_kernel(
     y_1 = d * rstd
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = rt.fill_past(dy_1 * y_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
-    sum_over_m_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_2_block = rt.fill_past(dy_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
+    sum_m_2_ref[...] = sum_m_2_ref[...] + jnp.sum(sum_m_2_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        sum_over_m = sum_over_m_running_ref[...]
+        sum_m = sum_m_ref[...]
+        sum_m_2 = sum_m_2_ref[...]
         dw_ref[...] = sum_m
-        db_ref[...] = sum_over_m
+        db_ref[...] = sum_m_2
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
@@ -590,8 +590,8 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         out_specs=(pl.BlockSpec((1, n), lambda i: (0, 0)),) * 2,  # dw, db: f32[N], broadcast over M
         out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32),) * 2,  # dw, db
         scratch_shapes=[
-            pltpu.VMEM((1, n), jnp.float32),  # sum_m_running_ref: the running sum over M of one block
-            pltpu.VMEM((1, n), jnp.float32),  # sum_over_m_running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),  # sum_m_ref: the running sum over M
+            pltpu.VMEM((1, n), jnp.float32),  # sum_m_2_ref: the running sum over M
         ],
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n)),
         cost_estimate=pl.CostEstimate(
@@ -1120,12 +1120,12 @@ def rms_norm_backward(x, w, mean_n, dy, *, eps=1e-06):
     return dx
 
 
-def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, block_m, eps):
+def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ref, *, m, block_m, eps):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
     x, mean_n, dy = x_ref[...], mean_n_ref[...], dy_ref[...]
     h = x.astype(jnp.float32)
@@ -1134,12 +1134,11 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_ru
     y_3 = h * y_2
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = rt.fill_past(dy_1 * y_3, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        dw_ref[...] = sum_m
+        dw_ref[...] = sum_m_ref[...]
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
@@ -1156,7 +1155,7 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         ],
         out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n

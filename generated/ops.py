@@ -450,20 +450,20 @@ def argmax_f32(x):
 
 
 # Also `equal_count_i32`'s: the same code, written once.
-def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
+def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
+        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
 
     x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
+    sum_n_ref[...] = sum_n_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
+        sum_n = jnp.sum(sum_n_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -477,7 +477,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
@@ -860,7 +860,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),
@@ -1232,12 +1232,12 @@ def argmax_i8(x):
     return i
 
 
-def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
+def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
+        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
 
     x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows(
@@ -1247,11 +1247,11 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         0,
         ragged=size_n % block_n,
     )
-    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
+    sum_n_ref[...] = sum_n_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
+        sum_n = jnp.sum(sum_n_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -1265,7 +1265,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(12 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),

@@ -150,15 +150,14 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         argmax_n_index_ref[...] = jnp.full(argmax_n_index_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
-    argmax_n_block = rt.fill_past(x, step * block_n, n, 1, -jnp.inf, ragged=n % block_n)
+    argmax_n_max_block = rt.fill_past(x, step * block_n, n, 1, -jnp.inf, ragged=n % block_n)
     argmax_n_max_ref[...], argmax_n_index_ref[...] = rt.argbest_step(
-        argmax_n_max_ref[...], argmax_n_index_ref[...], argmax_n_block, step * block_n, 1, largest=True
+        argmax_n_max_ref[...], argmax_n_index_ref[...], argmax_n_max_block, step * block_n, 1, largest=True
     )
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        argmax_n = argmax_n_index_ref[...]
-        i_ref[...] = argmax_n
+        i_ref[...] = argmax_n_index_ref[...]
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
@@ -173,8 +172,8 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # i: i32[M], broadcast over N
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         scratch_shapes=[
-            pltpu.VMEM((block_m, 1), jnp.float32),  # argmax_n_max_ref: the running argmax over N of one block
-            pltpu.VMEM((block_m, 1), jnp.int32),  # argmax_n_index_ref: the running argmax over N of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),  # argmax_n_max_ref: the running argmax over N
+            pltpu.VMEM((block_m, 1), jnp.int32),  # argmax_n_index_ref: the running argmax over N
         ],
         compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -361,21 +360,20 @@ def argmin_rows(x):
     return i
 
 
-def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
+def _column_sums_kernel(x_ref, s_ref, sum_m_ref, *, m, block_m):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
     x = x_ref[...]
     sum_m_block = rt.fill_past(x, step * block_m, m, 0, 0.0, ragged=m % block_m)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        sum_m = sum_m_running_ref[...]
-        s_ref[...] = sum_m
+        s_ref[...] = sum_m_ref[...]
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
@@ -388,8 +386,7 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # s: f32[N], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
         interpret=interpret,
@@ -634,7 +631,7 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
             rt.vmem_limit(14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
+            flops=8 * m * n,
             transcendentals=0,
             bytes_accessed=rt.nbytes(x) + 5 * m * n + (8 * m * n if residuals else 0),
         ),
@@ -966,20 +963,20 @@ def quantize_rows_int8_backward(x, max_n, argmax_n, dscale):
     return dx
 
 
-def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
+def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
+        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
 
     x, y = rt.as_rows(x_ref[...]), rt.as_rows(y_ref[...])
     sum_n_block = rt.fill_past_rows((x == y).astype(jnp.int32), step * block_n, size_n, 0, ragged=size_n % block_n)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
+    sum_n_ref[...] = sum_n_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
+        sum_n = jnp.sum(sum_n_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -993,7 +990,7 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_n + 8)),
         cost_estimate=pl.CostEstimate(flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * size_n),

@@ -13,7 +13,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Sweep, sweep_over
-from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused
+from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused, layout_frame
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
@@ -55,8 +55,9 @@ class CheckedKernel:
     # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
     tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
-    # Every product kernel's tiles (analysis.fused): `fused`'s, or a single product's, which
-    # the TPU plans as carried state too (Triton and Mosaic GPU still plan it as `product`).
+    # Every kernel's tiles (analysis.fused): `fused`'s, a single product's, or over the layout
+    # of a kernel without products. The TPU plans every kernel from them, Triton and Mosaic
+    # GPU those with products.
     frame: FusedKernel | None = None
     sweep: Sweep | None = None  # what any kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
@@ -72,6 +73,11 @@ class CheckedKernel:
         if self.fused is not None:
             return self.fused.batch
         return batch_dims(self.product) if self.product is not None else ()
+
+    @property
+    def has_products(self) -> bool:
+        """Whether it has a matrix product (`@`), one or several."""
+        return self.product is not None or self.fused is not None
 
     def tuned_for(self, backend: str) -> tuple[TunedBlocks, ...]:
         """The blocks tuned for one backend (by its name), on each chip or GPU and size bucket."""
@@ -146,6 +152,8 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
         one_each = {d: 1 for d in batch_dims(product)}
         frame, problems = analyze_fused(kernel, types, space.names, {**blocks, **one_each})
         found.extend(problems)
+    elif not found:
+        frame = layout_frame(types, space.layout, blocks, {d for out in kernel.outputs for d in out.dims})
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
 
 

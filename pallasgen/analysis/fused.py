@@ -1,8 +1,9 @@
-"""Fused kernels: several products, computed operands, reductions beside products.
+"""Each kernel's tiles: which dimension each axis of each value's tile holds (its *frame*).
 
-A fused kernel is one `pallas_call` whose values are tiles of at most two dimensions
-(its *frame*): a product's batch dimensions take one element per step and vanish from
-the tiles. Its blocked dimensions that some output has are parallel grid axes; at most
+A kernel with products is one `pallas_call` whose values are tiles of at most two
+dimensions: a product's batch dimensions take one element per step and vanish from
+the tiles. A kernel without products holds every value over its layout, at any rank
+(`layout_frame`). Its blocked dimensions that some output has are parallel grid axes; at most
 one blocked dimension that no output has is *swept*: its blocks are the steps of one
 pass, in order, and what the kernel computes across them is *carried* from step to
 step (`analysis.carries`).
@@ -58,10 +59,13 @@ class FusedKernel:
     """What the fused path derives from a checked kernel."""
 
     batch: tuple[str, ...]  # dimensions blocked by 1: one element per step
-    row: str  # the first axis of every tile that has it
+    row: str | None  # the first axis of every tile that has it
     parallel: tuple[str, ...]  # blocked dimensions some output has
-    frame: dict[ir.Expr, tuple[str | None, str | None]] = field(hash=False)  # each value's tile axes
+    frame: dict[ir.Expr, tuple[str | None, ...]] = field(hash=False)  # each value's tile axes
     products: dict[ir.Expr, Product] = field(hash=False)
+    # Without products: the axis of each dimension in every tile, the kernel's layout (any
+    # rank). None: tiles of two axes, the row first (`_Frame`).
+    axes: tuple[str, ...] | None = None
 
 
 def analyze_fused(
@@ -105,9 +109,20 @@ def analyze_fused(
     return FusedKernel(batch, row, parallel, frame, fused_products), []
 
 
+def layout_frame(types: dict[ir.Expr, ValueType], layout: tuple[str, ...], blocks, output_dims) -> FusedKernel:
+    """The tiles of a kernel without products: each value holds each of its dimensions on
+    that dimension's axis of the kernel's `layout`, and size 1 on the others."""
+    frame = {node: tuple(d if d in t.dims else None for d in layout) for node, t in types.items()}
+    parallel = tuple(d for d in layout if d in blocks and d in output_dims)
+    return FusedKernel((), layout[0] if layout else None, parallel, frame, {}, axes=layout)
+
+
 def array_axes(decl: ir.ArrayDecl, fused: FusedKernel) -> tuple[str | None, ...]:
-    """How a fused kernel lays an array out: its batch dimensions, then its tile axes (a
-    two-dimensional tile in its declared order; one dimension as the frame holds it)."""
+    """How a kernel lays an array out: its batch dimensions, then its tile axes (a
+    two-dimensional tile in its declared order; one dimension as the frame holds it; or,
+    without products, over the kernel's layout)."""
+    if fused.axes is not None:
+        return tuple(d if d in decl.dims else None for d in fused.axes)
     batch = tuple(d for d in decl.dims if d in fused.batch)
     rest = [d for d in decl.dims if d not in fused.batch]
     if len(rest) == 2:

@@ -16,10 +16,13 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Carry, named, walk_outside
 from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
+from pallasgen.lowering.kernel import elementwise_body, reference_call
 from pallasgen.lowering.parts import assigned_together, body_statements, read_where_used, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import (
     accumulators,
+    block_reduction,
+    rows_reduction,
     combine_code,
     compute_dtype,
     finish_code,
@@ -67,7 +70,11 @@ class Placement:
         return name
 
     def write(self, name: str, value: str) -> str:
-        return f"{name} = {value}"
+        return self.write_all([name], value)
+
+    def write_all(self, names: list[str], value: str) -> str:
+        """The running values `names` set to a tuple's values."""
+        return f"{', '.join(names)} = {value}"
 
 
 class RefPlacement(Placement):
@@ -80,8 +87,8 @@ class RefPlacement(Placement):
     def read(self, name: str) -> str:
         return f"{name}[...]"
 
-    def write(self, name: str, value: str) -> str:
-        return f"{name}[...] = {value}"
+    def write_all(self, names: list[str], value: str) -> str:
+        return f"{', '.join(f'{n}[...]' for n in names)} = {value}"
 
 
 class FrameSpelling:
@@ -144,6 +151,8 @@ class FusedLowering:
         load,
         mosaic=False,
         loads_fill_zeros=False,
+        blockwise=False,
+        rows=False,
     ):
         self.lowered, self.namer, self.spelling = lowered, namer, spelling
         # Whether `load` reads 0 past an input's end (Triton's masked loads): a product's
@@ -156,6 +165,10 @@ class FusedLowering:
         # Mosaic's limits on a single product of two inputs (`checked.product`): its operands
         # masked in 32 bits, and x @ y.T with a one-row y multiplied and summed (`_product_term`).
         self.mosaic_product = mosaic and self.checked.product is not None
+        # `blockwise`: running values the shape of a block, merged position by position each
+        # step and reduced once, after the last (every carry's kind merges so); `rows`: those
+        # blocks are one-dimensional, held as rows of 128 lanes (`rt.as_rows`).
+        self.blockwise, self.rows = blockwise, rows
 
     # -- shared ------------------------------------------------------------------------
 
@@ -240,7 +253,11 @@ class FusedLowering:
         overrides: dict = {}
         emitter = self.emitter_for(overrides)
         self._prepare([s.value for s in kernel.body], overrides, emitter)
-        lines = self._loads(kernel.body) + self._store_all(kernel.body, emitter, store)
+        call = reference_call(self.lowered, emitter)
+        if call is None:
+            lines = self._loads(kernel.body) + self._store_all(kernel.body, emitter, store)
+        else:  # the reference's code to the letter: said once, there (`elementwise_body`)
+            lines = elementwise_body(self.lowered, emitter, self.load, store)
         return FusedCode((), tuple(lines), None, ())
 
     # -- a pass over the swept dimension ----------------------------------------------
@@ -370,7 +387,8 @@ class FusedLowering:
         return "_ref" if isinstance(self.placement, RefPlacement) else ""
 
     def _value_dtype(self, carry: Carry):
-        return DTYPES[self.types[carry.value].dtype.name] if carry.kind != "dot" else None
+        """The dtype the kernel holds a carry's values in (a TPU kernel holds f16 as f32)."""
+        return self.emitter_for({}).kernel_dtype(carry.value) if carry.kind != "dot" else None
 
     def _running(self, carry: Carry, names: list[str]) -> list[Running]:
         dim = self.checked.sweep.dim
@@ -379,12 +397,15 @@ class FusedLowering:
             tile = tuple(a for a in self.fused.frame[carry.node] if a)
             return [Running(names[0], shape, self._accumulate(carry.node), "0", f"the product over {dim}", tile)]
         axes = self.fused.frame[carry.value]
-        shape = tuple_code([self.extents[a] if a and a != dim else "1" for a in axes])
-        tile = tuple(a for a in axes if a and a != dim)
+        kept = [a for a in axes if a and (a != dim or self.blockwise)]
+        shape = tuple_code([self.extents[a] if a in kept else "1" for a in axes])
+        shape = f"rt.rows_shape({self.extents[dim]})" if self.rows else shape
+        tile = tuple(kept)
         if carry.kind == "expsum":
             return [Running(names[0], shape, F32, "0.0", f"the sum of exp(value - its running max) over {dim}", tile)]
+        where = " at each position of a block (reduced after the last step)" if self.blockwise else ""
         return [
-            Running(name, shape, acc.dtype, acc.initial, f"the running {carry.kind} over {dim}", tile)
+            Running(name, shape, acc.dtype, acc.initial, f"the running {carry.kind} over {dim}{where}", tile)
             for name, acc in zip(names, accumulators(carry.kind, self._value_dtype(carry), names))
         ]
 
@@ -396,6 +417,8 @@ class FusedLowering:
         dim = self.checked.sweep.dim
         axis = self._axis(node, dim)
         size = self.lowered.sizes[dim]
+        if self.rows:
+            return [f"{name} = rt.fill_past_rows({value}, {self.start}, {size}, {fill}, ragged={self.ragged})"]
         return [f"{name} = rt.fill_past({value}, {self.start}, {size}, {axis}, {fill}, ragged={self.ragged})"]
 
     def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
@@ -406,7 +429,7 @@ class FusedLowering:
         block = self.namer.claim(f"{name.removesuffix('_ref')}_block")
         value = emitter.cast(carry.value, compute_dtype("max", self._value_dtype(carry)).name)
         lines = self._masked(block, value, carry.value, identity("max", self._value_dtype(carry)))
-        top = f"jnp.max({block}, axis={self._axis(carry.value, dim)}, keepdims=True)"
+        top = block if self.blockwise else f"jnp.max({block}, axis={self._axis(carry.value, dim)}, keepdims=True)"
         if shift is None:
             return lines + [self.placement.write(name, f"jnp.maximum({self.placement.read(name)}, {top})")]
         previous = self.namer.claim(f"{name.removesuffix('_ref')}_previous")
@@ -457,11 +480,8 @@ class FusedLowering:
         if scale:
             term = f"jnp.sum({block}, axis={axis}, keepdims=True)"
             return lines + [self.placement.write(names[0], f"{scale} * {read[0]} + {term}")]
-        combined = combine_code(kind, read, block, axis, computed, self.start)
-        if len(names) == 1:
-            return lines + [self.placement.write(names[0], combined)]
-        new = [self.namer.claim(n.removesuffix("_ref") + "_new") for n in names]
-        return lines + [f"{', '.join(new)} = {combined}", *(self.placement.write(n, v) for n, v in zip(names, new))]
+        combined = combine_code(kind, read, block, axis, computed, self.start, self.blockwise)
+        return lines + [self.placement.write_all(names, combined)]
 
     def _finish(self, sweep, names, store) -> list[str]:
         dim = self.checked.sweep.dim
@@ -473,7 +493,7 @@ class FusedLowering:
             if carry.kind in ("dot", "expsum"):
                 value = read[0]
             else:
-                value = finish_code(carry.kind, read, self._value_dtype(carry), size)
+                value = finish_code(carry.kind, self._reduced(carry, read), self._value_dtype(carry), size)
             for op, factor in carry.factors:
                 factor_code = finals[factor.key] if isinstance(factor, Carry) else None
                 value = f"{value} {op} {factor_code}" if factor_code else value
@@ -513,6 +533,14 @@ class FusedLowering:
         if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
             return read_where_used([*lines, *loads, *stores])
         return read_where_used([*loads, *lines, *stores])
+
+    def _reduced(self, carry: Carry, read: list[str]) -> list[str]:
+        """The running values `read` of a carry after the last step, `blockwise` ones reduced."""
+        if not self.blockwise:
+            return read
+        if self.rows:
+            return [rows_reduction(carry.kind, read[0])]
+        return [block_reduction(carry.kind, read[0], self._axis(carry.value, self.checked.sweep.dim))]
 
     def _skip_condition(self, emitter, starts=None) -> str | None:
         skip = self.checked.sweep.skip

@@ -356,7 +356,7 @@ def elementwise_body(lowered: LoweredKernel, emitter: Emitter, load, store, shap
     said once, in the reference."""
     kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
     loads = load_statements(kernel, values, checked, load)
-    call = _reference_call(lowered, emitter)
+    call = reference_call(lowered, emitter)
     if call is None:
         return [*loads, *body_statements(kernel, kernel.body, emitter, values, lowered.refs, checked, store, shape_of)]
     outputs, said = kernel.outputs, "# The reference's code, on these blocks."
@@ -366,7 +366,7 @@ def elementwise_body(lowered: LoweredKernel, emitter: Emitter, load, store, shap
     return [*loads, said, unpack, *(store(o, values[o.name]) for o in outputs)]
 
 
-def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
+def reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     """`NAME.reference(...)` on the kernel's loaded blocks, where that computes what its
     statements would (see elementwise_body); None elsewhere."""
     kernel, checked, values = lowered.kernel, lowered.checked, lowered.values
@@ -376,7 +376,10 @@ def _reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
     bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
-        checked.product or checked.fused or checked.sweep or lowered.residuals
+        checked.product
+        or checked.fused
+        or checked.sweep
+        or lowered.residuals
         or len(lets) <= len(kernel.outputs)
         or any(d.dims != layout for d in (*kernel.inputs, *kernel.outputs))
         or {d.name for d in kernel.inputs} - used_names(kernel)

@@ -34,7 +34,7 @@ class GpuBackend(Backend):
         return replace(settings, blocks=fused_gpu_blocks(kernel, blocks, fused, given)), problems
 
     def keywords(self, checked, targets=TARGETS):
-        return fused_keyword_group(checked) if checked.frame else keyword_group(checked)
+        return fused_keyword_group(checked) if checked.has_products else keyword_group(checked)
 
     def reserved_names(self, checked):
         return gpu_keywords(checked.dims) | set(GPU_FUNCTION_LOCALS)
@@ -44,7 +44,7 @@ class GpuBackend(Backend):
 
     def tunable_dims(self, checked) -> list[str]:
         """The dimensions whose blocks are keywords (`gpu_block_*`), which tune --gpu searches."""
-        return list(gpu_blocks(checked)) if checked.frame else tunable_gpu_dims(checked)
+        return list(gpu_blocks(checked)) if checked.has_products else tunable_gpu_dims(checked)
 
     def block_keyword(self, dim):
         return gpu_block_keyword(dim)
@@ -68,12 +68,12 @@ class GpuBackend(Backend):
         """Powers of two from the smallest block the launcher takes (a dot tile's, in a
         product) up to each dimension's next power of two, and the warps and stages a spec
         may set."""
-        smallest = SMALLEST_DOT_TILE if checked.product is not None or checked.fused is not None else 1
+        smallest = SMALLEST_DOT_TILE if checked.has_products else 1
         blocks = {gpu_block_keyword(d): tuned_block_choices(sizes[d], smallest) for d in self.tunable_dims(checked)}
         return blocks | {keyword: allowed for keyword, allowed in OPTIONS.values()}
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_fused_gpu(lowered) if lowered.checked.frame else plan_gpu(lowered)
+        return plan_fused_gpu(lowered) if lowered.checked.has_products else plan_gpu(lowered)
 
     def blocks_at(self, plan, sizes):
         """Powers of two: a small dimension one block, but no smaller than a dot tile; a

@@ -7,12 +7,7 @@ from pallasgen.backends.base import Backend
 from pallasgen.runtime.constants import TARGETS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.fused import (
-    check_fused_tpu,
-    fused_array_bytes,
-    plan_fused_tpu,
-    tile_layouts,
-)
+from pallasgen.backends.tpu.carried import check_tpu_tiles, fused_array_bytes, plan_tpu, tile_layouts
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
     chip_named,
@@ -23,12 +18,10 @@ from pallasgen.backends.tpu.plan import (
     kernel_function_name,
     keyword_group,
     launcher_name,
-    plan_tpu,
     tunable_dims,
 )
 from pallasgen.backends.tpu.tiling import (
     SCOPED_VMEM_BYTES,
-    array_layouts,
     block_choices,
     tiling_problem,
     tiling_rule,
@@ -48,7 +41,7 @@ class TpuBackend(Backend):
 
     def check(self, kernel, space, product, blocks, earlier, fused=None):
         if fused is not None or earlier and is_fused(kernel):
-            return None, check_fused_tpu(kernel, fused, blocks)
+            return None, check_tpu_tiles(kernel, fused, blocks)
         return None, check_tpu(kernel, space, product, blocks)
 
     def keywords(self, checked, targets=TARGETS):
@@ -61,12 +54,12 @@ class TpuBackend(Backend):
         return kernel_function_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_fused_tpu(lowered) if lowered.checked.frame else plan_tpu(lowered)
+        return plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
         return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
 
-    # What tuning and benchmarks ask of the TPU's blocks, for any kernel (fused or not):
+    # What tuning and benchmarks ask of the TPU's blocks, for any kernel:
     # a search's choices are named by their dimensions.
 
     memory_budget = SCOPED_VMEM_BYTES
@@ -81,9 +74,7 @@ class TpuBackend(Backend):
 
     def layouts(self, checked):
         """Each array's block as Mosaic tiles it: what the tiling rule reads."""
-        if checked.frame:  # a kernel with products: as its tiles hold them
-            return tile_layouts(checked.kernel, checked.frame)
-        return array_layouts(checked.kernel, checked.space.layout, None)
+        return tile_layouts(checked.kernel, checked.frame)
 
     def block_problem(self, checked, dim, block):
         """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""

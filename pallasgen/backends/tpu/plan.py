@@ -1,5 +1,6 @@
 """The TPU (Mosaic) plan of a kernel, as plain data: grid, BlockSpecs, dimension
-semantics, the accumulator in scratch memory, and the kernel body.
+semantics, the running values in scratch memory, and the kernel body; and what the
+planner (`carried`) writes it with.
 
 Templates only loop and branch over these plans; every decision is made here.
 """
@@ -8,45 +9,17 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
-from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
-from pallasgen.backends.tpu.tiling import (
-    TilingRule,
-    accumulates_elementwise,
-    holds_rows,
-    array_layouts,
-    format_bytes,
-    Vmem,
-    tiling_rule,
-    vmem,
-    vmem_terms,
-)
+from pallasgen.backends.base import Tiling
+from pallasgen.backends.tpu.chips import CHIPS
+from pallasgen.backends.tpu.tiling import TilingRule, format_bytes, Vmem, tiling_rule
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
-from pallasgen.lowering.parts import (
-    LINE_LENGTH,
-    WrittenSpecs,
-    if_residuals,
-    array_positions,
-    grid_names,
-    body_statements,
-    kernel_signature,
-    load_statements,
-    parameter_list,
-    partial_call,
-    ref_load,
-    ref_store,
-    tuple_code,
-)
-from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
-from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import KernelSpelling
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import LINE_LENGTH, WrittenSpecs, if_residuals, tuple_code
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 
@@ -132,15 +105,9 @@ class TpuPlan(WrittenSpecs):
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    """The blocked dimensions whose blocks are keywords, of any kernel (fused or not): all
-    but its batch dimensions, which take one element per step and vanish from its tiles."""
+    """The blocked dimensions whose blocks are keywords, of any kernel: all but its batch
+    dimensions, which take one element per step and vanish from its tiles."""
     return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
-
-
-def grows_blocks(checked: CheckedKernel) -> bool:
-    """Whether a call with no `block_*` grows the chip's default blocks to large steps
-    (`rt.grown`): a kernel without a matrix product that has blocks to grow."""
-    return checked.product is None and bool(tunable_dims(checked))
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
@@ -208,15 +175,6 @@ def _rule_code(rule: TilingRule | None) -> str:
     return f'({rule.multiple}, "{rule.held}"{smallest})'
 
 
-def _step(checked: CheckedKernel, block_of, vmem_needed: str) -> str:
-    """A grid step's elements and VMEM bytes at given blocks (`rt.grown`), as code."""
-    return f"({' * '.join(block_of[d] for d in checked.dims)}, {vmem_needed})"
-
-
-def _squeezed(checked: CheckedKernel) -> set[str]:
-    return set(checked.batch)
-
-
 def kernel_function_name(kernel: str) -> str:
     return f"_{kernel}_kernel"
 
@@ -225,200 +183,11 @@ def launcher_name(kernel: str) -> str:
     return f"_{kernel}_tpu"
 
 
-def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
-    """The plan of a kernel without a product: elementwise, or reductions stepped over a
-    blocked dimension. A kernel with products is planned as carried state (`fused`)."""
-    checked = lowered.checked
-    kernel, dims = checked.kernel, checked.dims
-    values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
-    namer = lowered.namer.fork()
-    out_dims = checked.space.layout
-    reducing = stepped_sweep(checked)
-    stepped = reducing.dim if reducing else None
-    # Parallel axes first; a blocked reduced dimension is the last, its steps in order.
-    blocked = [d for d in dims if d in checked.blocks and d != stepped] + ([stepped] if stepped else [])
-    squeezed = _squeezed(checked)
-    tunable = tunable_dims(checked)
-    index_names = grid_names(blocked)
-    block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
-
-    def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
-        if out_dim in squeezed:  # one batch element per step; an array without it has size 1 there
-            return BlockAxis(dim, "squeezed", index_names[out_dim] if dim else None)
-        if dim is None:
-            return BlockAxis(None, "one", None)
-        return BlockAxis(dim, "block" if dim in checked.blocks else "whole", index_names.get(dim))
-
-    accumulated = {checked.sweep.dim} if checked.sweep else set()  # its steps accumulate in order
-    tiling = Tiling(
-        grid=tuple(
-            GridAxis(d, index_names[d], "arbitrary" if d in accumulated else "parallel", d in squeezed) for d in blocked
-        ),
-        arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims)))
-            for decl in kernel.inputs + kernel.outputs
-        ),
-        looped=None,
-    )
-    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
-
-    spelling, held_starts = KernelSpelling(
-        tuple(d for d in out_dims if d not in squeezed),
-        sizes,
-        extents=block_of,
-        starts={d: _block_start(d, blocked, squeezed) for d in blocked},
-    ).holding(_last_step_positions(checked), namer)
-    emitter = lowered.emitter(tpu=True, spelling=spelling)
-    body = elementwise_body(lowered, emitter, ref_load(refs), ref_store(refs, lowered.residual_names))
-    accumulator = None
-    scratch_refs = []
-    if stepped:
-        accumulator, scratch_refs, body = _stepped(lowered, namer, stepped, blocked, block_of, spelling)
-    if held_starts:
-        accumulator = replace(accumulator, body=(*held_starts, *accumulator.body))
-
-    layouts = array_layouts(kernel, checked.space.layout, None)
-    kernel_keywords = read_keywords(
-        [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)],
-        [*body, *(accumulator.code() if accumulator else ())],
-    )
-    inputs = [values[d.name] for d in kernel.inputs]
-    plain_terms = vmem_terms(lowered.plain, checked.blocks, None) if lowered.plain else None
-    vmem_needed = residual_vmem_code(vmem_terms(kernel, checked.blocks, None), plain_terms, block_of, squeezed)
-    semantics = tuple(g.semantics for g in tiling.grid)
-    kernel_parameters, unpacked = kernel_signature(
-        [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, kernel_keywords
-    )
-    return TpuPlan(
-        function=launcher_name(kernel.name),
-        kernel_function=kernel_function_name(kernel.name),
-        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], d) for d in tunable),
-        block_table=block_table(
-            checked,
-            tunable,
-            sizes,
-            layouts,
-            lambda chip: chip_blocks(checked, tunable, chip).values(),
-            step=_step(checked, block_of, vmem_needed) if grows_blocks(checked) else "",
-        ),
-        kernel_parameters=kernel_parameters,
-        prologue=unpacked,
-        kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
-        parameters=parameter_list(
-            inputs,
-            [sizes[d] for d in dims]
-            + [block_keyword(d) for d in tunable]
-            + [p.name for p in kernel.params]
-            + (["residuals"] if lowered.residuals else [])
-            + ["interpret"],
-        ),
-        binding=", ".join(
-            [f"{sizes[d]}={sizes[d]}" for d in dims]
-            + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
-            + [f"{p.name}={p.name}" for p in kernel.params]
-        ),
-        conversions=tuple(
-            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
-            for a in lowered.inputs
-            if a.spec_dtype != tpu_dtype(a.spec_dtype)
-        ),
-        returns=tpu_return(lowered),
-        grid=tiling.grid_code(sizes),
-        grid_comment=wrap(grid_comment(blocked, dims, squeezed, semantics), 8),
-        in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
-        out_specs=tuple((a.comment, if_residuals(block_specs[a.spec_name], a)) for a in lowered.outputs),
-        out_shapes=tuple(
-            (
-                if_residuals(f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o),
-                o.spec_name,
-            )
-            for o in lowered.outputs
-        ),
-        dimension_semantics=semantics,
-        vmem_comment=wrap(
-            vmem_comment(vmem(kernel, checked.blocks, None), checked.blocks, dims, residuals=lowered.residual_names), 4
-        ),
-        vmem_needed=vmem_needed,
-        vmem_limit=f"rt.vmem_limit({vmem_needed})",
-        cost_estimate=_cost_estimate(checked, values, sizes, lowered.residual_names),
-        accumulator=accumulator,
-        body=tuple(body),
-        tiling=tiling,
-        vmem=vmem(kernel, checked.blocks, None),
-    )
-
-
-def _block_start(dim: str, blocked: list[str], squeezed: set[str]) -> str:
-    """The first position of this step's block of `dim` (its one position, if squeezed)."""
-    step = f"pl.program_id({blocked.index(dim)})"
-    return step if dim in squeezed else f"{step} * {block_keyword(dim)}"
-
-
-def _last_step_positions(checked: CheckedKernel) -> set[str]:
-    """The dimensions whose positions only the last step of an accumulating kernel reads,
-    under pl.when: those read by what waits for its carries (not by the carried values)."""
-    sweep = checked.sweep
-    if sweep is None:
-        return set()
-    return indexed_dims([s.value for s in sweep.finish], computed=sweep.reductions)
-
-
 def read_keywords(keywords: list[str], code) -> list[str]:
     """The `keywords` (sizes, blocks and params) that the kernel's `code`, its lines,
     reads: the kernel function's static keywords, bound by functools.partial."""
     text = "\n".join(code)
     return [k for k in keywords if re.search(rf"\b{re.escape(k)}\b", text)]
-
-
-def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spelling):
-    """Reductions over a blocked `dim`, one block per step into scratch accumulators:
-    the accumulator plan, its scratch refs, and the body of the last step."""
-    checked = lowered.checked
-    kernel, values, refs = checked.kernel, lowered.values, lowered.refs
-    sweep = checked.sweep
-    step = namer.claim("step")
-    emitter = lowered.emitter(tpu=True, spelling=spelling)
-    elementwise, rows = accumulates_elementwise(kernel, dim), holds_rows(kernel, dim)
-    reductions = stepped_reductions(
-        lowered, namer, sweep, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
-    )
-    if rows:
-        shape = f"rt.rows_shape({block_of[dim]})"
-    else:
-        shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
-    accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
-    lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
-    lines += body_statements(
-        kernel, sweep.step, emitter, values, refs, checked, ref_store(refs, lowered.residual_names)
-    )
-    lines += [line for r in reductions for line in r.step]
-    last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
-    body = [f"{r.result} = {r.finish}" for r in reductions]
-    body += body_statements(kernel, sweep.finish, last, values, refs, checked, ref_store(refs, lowered.residual_names))
-    plan = AccumulatorPlan(
-        scratch=tuple(
-            (
-                f"{acc.name}: the running {kind} over {dim}"
-                + (" at each position of a block (reduced at the last step)" if elementwise else " of one block"),
-                f"pltpu.VMEM({shape}, {acc.dtype})",
-            )
-            for kind, acc in accs
-        ),
-        step=step,
-        axis=blocked.index(dim),
-        init_function="_init",
-        init=tuple(f"{acc.name}[...] = jnp.full({acc.name}.shape, {acc.initial}, {acc.dtype})" for _, acc in accs),
-        body=tuple(lines),
-        finish_function="_finish",
-    )
-    return plan, [acc.name for _, acc in accs], body
-
-
-def _rows_load(refs):
-    """Loads of a kernel whose only dimension is held as rows (`holds_rows`): a block of
-    it as `rt.as_rows` holds it, a scalar as it is."""
-    plain = ref_load(refs)
-    return lambda decl: f"rt.as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
 def tpu_return(lowered: LoweredKernel) -> str:
@@ -429,20 +198,6 @@ def tpu_return(lowered: LoweredKernel) -> str:
     return ", ".join(
         o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else if_residuals(f"{o.name}.astype({o.dtype})", o)
         for o in outputs
-    )
-
-
-def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:
-    """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
-    kernel = checked.kernel
-    elements = [sizes[d] for d in checked.space.layout]
-    nodes = list(ir.walk(*(s.value for s in kernel.body)))
-    transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
-    flops = [(sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental, elements)]
-    inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    return (
-        f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code([(transcendental, elements)])},"
-        f" bytes_accessed=rt.nbytes({inputs}) + {output_bytes(kernel, residuals, lambda d: elements)})"
     )
 
 

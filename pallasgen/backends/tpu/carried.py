@@ -1,8 +1,9 @@
-"""The TPU plan of every kernel with a product (its tiles: analysis.fused), a single
-product as a fused kernel: a grid of batch elements, blocks of the dimensions outputs
-keep (parallel, unless an output lacks one) and, last, the steps of the swept dimension
-(arbitrary), whose running values (a product's accumulator among them) live in VMEM
-scratch, set at the first step and read at the last (`pl.when`)."""
+"""The TPU plan of every kernel, from its tiles (analysis.fused) and what it carries
+(analysis.carries): a grid of batch elements, blocks of the dimensions outputs keep
+(parallel, unless an output lacks one) and, last, the steps of the swept dimension
+(arbitrary), whose running values (a product's accumulator, a reduction's) live in
+VMEM scratch, set at the first step and read at the last (`pl.when`). An elementwise
+kernel carries nothing: one step per block."""
 
 from __future__ import annotations
 
@@ -44,7 +45,15 @@ from pallasgen.backends.tpu.chips import (
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, vmem
+from pallasgen.backends.tpu.tiling import (
+    VMEM_LIMIT_BYTES,
+    Vmem,
+    VmemPart,
+    accumulates_elementwise,
+    holds_rows,
+    tiling_problem,
+    vmem,
+)
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
@@ -93,7 +102,7 @@ def tile_layouts(kernel: ir.Kernel, fused) -> list[tuple[tuple[str, ...], object
     return layouts
 
 
-def check_fused_tpu(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Diagnostic]:
+def check_tpu_tiles(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Diagnostic]:
     """Blocks Mosaic can tile, as each array holds them."""
     if fused is None:
         return []
@@ -106,7 +115,7 @@ def check_fused_tpu(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Di
     return found
 
 
-def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
+def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     checked = lowered.checked
     launcher, kernel_function = launcher_name(checked.kernel.name), kernel_function_name(checked.kernel.name)
     kernel, fused = checked.kernel, checked.frame
@@ -147,8 +156,22 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     def body_emitter_for(overrides):
         return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides, carried=True)
 
+    # A kernel whose only dimension is swept keeps block-shaped running values, held as rows
+    # where it reads no position (see `accumulates_elementwise` and `holds_rows`).
+    swept_dim = checked.sweep.dim if checked.sweep else None
+    blockwise = swept_dim is not None and accumulates_elementwise(kernel, swept_dim)
+    rows = swept_dim is not None and holds_rows(kernel, swept_dim)
     body_lowering = FusedLowering(
-        lowered, namer, body_spelling, extents, RefPlacement(), body_emitter_for, ref_load(refs), mosaic=True
+        lowered,
+        namer,
+        body_spelling,
+        extents,
+        RefPlacement(),
+        body_emitter_for,
+        _rows_load(refs) if rows else ref_load(refs),
+        mosaic=True,
+        blockwise=blockwise,
+        rows=rows,
     )
     accumulator = None
     scratch_refs = []
@@ -156,9 +179,10 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     if checked.sweep:
         dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
-        # A single product masks a ragged K from the step's index where it masks: a start
-        # computed up front cost matmul's backward pass 2 cycles more on v5e (bench --chip).
-        start = f"{step} * {block_keyword(dim)}" if checked.product is not None else sweep_start
+        # A kernel of at most one product of two inputs masks a ragged block from the step's
+        # index where it masks: a start computed up front cost matmul's backward pass 2
+        # cycles more on v5e (bench --chip).
+        start = f"{step} * {block_keyword(dim)}" if checked.fused is None else sweep_start
         code = body_lowering.swept(ref_store(refs, lowered.residual_names), start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
@@ -222,16 +246,21 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         looped=None,
     )
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
-    if checked.product is not None:  # the product's accumulator and the result of one step's dot
-        needed = vmem(kernel, checked.blocks, checked.product)
-    else:
-        needed = _vmem(kernel, fused, running)
+
+    def needs(kernel: ir.Kernel) -> Vmem:
+        if checked.fused is None:  # its blocks and working copies (a product's accumulator, its dot's result)
+            return vmem(kernel, checked.blocks, checked.product)
+        return _vmem(kernel, fused, running)
+
+    needed = needs(kernel)
     # Its parts as (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
     terms = [(part.buffers * part.element_bytes, part.dims) for part in needed.parts]
-    plain = [
-        (count, dims) for (count, dims), part in zip(terms, needed.parts) if part.array not in lowered.residual_names
-    ]
-    vmem_needed = residual_vmem_code(terms, plain if lowered.residuals else None, extents, set(fused.batch))
+    plain = (
+        [(part.buffers * part.element_bytes, part.dims) for part in needs(lowered.plain).parts]
+        if lowered.residuals
+        else None
+    )
+    vmem_needed = residual_vmem_code(terms, plain, extents, set(fused.batch))
     kernel_parameters, unpacked = kernel_signature(
         [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
     )
@@ -256,7 +285,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             + [f"{p.name}={p.name}" for p in kernel.params]
         ),
         conversions=tuple(
-            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32"
+            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
             for a in lowered.inputs
             if a.spec_dtype != tpu_dtype(a.spec_dtype)
         ),
@@ -297,12 +326,18 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
     FUSED_BLOCK while a step stays within the elements and VMEM `rt.grown` allows. A kernel
     computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
     while a strip of its step stays within them. A single product of two inputs does not
-    grow at call time: each chip has its default blocks (`chip_blocks`, its MXU's)."""
+    grow at call time: each chip has its default blocks (`chip_blocks`, its MXU's). A
+    kernel without products grows every block from the spec's (`rt.grown`)."""
     if not tunable:
         return None
-    if checked.product is not None:
-        return block_table(checked, tunable, sizes, layouts, lambda chip: chip_blocks(checked, tunable, chip).values())
     fused = checked.frame
+    if checked.product is not None or not fused.products:
+        # Without products every block grows, while a step's elements (of every dimension) allow.
+        elements = " * ".join(block_keyword(d) if d in checked.blocks else sizes[d] for d in checked.dims)
+        step = f"({elements}, {vmem_needed})" if not fused.products else ""
+        return block_table(
+            checked, tunable, sizes, layouts, lambda chip: chip_blocks(checked, tunable, chip).values(), step
+        )
     grown = {fused.row, *([checked.sweep.dim] if checked.sweep else [])}
     largest = STRIPED_BLOCK if striped else FUSED_BLOCK
     bounds = [largest if d in grown else checked.blocks[d] for d in tunable]
@@ -363,6 +398,13 @@ def _strips_plan(checked, refs, running, starts, strip_extents, lowering, body, 
             f" {_lambda('whole', positions, lowering.whole_block())})"
         ),
     )
+
+
+def _rows_load(refs):
+    """Loads of a kernel whose only dimension is held as rows (`holds_rows`): a block of
+    it as `rt.as_rows` holds it, a scalar as it is."""
+    plain = ref_load(refs)
+    return lambda decl: f"rt.as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
 def _lambda(keyword: str, parameters: str, body: str) -> str:
@@ -444,8 +486,8 @@ def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
 
 def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:
     """Flops of every product (2 per multiply-add), exp and other transcendentals once
-    per element of their value, and the bytes of the arrays. A single product's epilogue
-    counts too: one flop per element of the output for each other operation in it."""
+    per element of their value, and the bytes of the arrays. In a kernel of at most one
+    product of two inputs every other operation counts once per element of its layout."""
     kernel, fused = checked.kernel, checked.frame
     flops, transcendentals = [], []
     nodes = list(dict.fromkeys(ir.walk(*(s.value for s in kernel.body))))  # a value used twice is computed once
@@ -455,14 +497,18 @@ def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset())
             flops.append((2, [*elements, sizes[fused.products[node].k]]))
         elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
             transcendentals.append((1, elements))
-    if checked.product is not None:
+    if checked.fused is None:
         elements = [sizes[d] for d in checked.space.layout]
         transcendental = len(transcendentals)
-        epilogue = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental - 1
-        flops.append((epilogue, elements))
+        others = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental - len(flops)
+        flops.append((others, elements))
         transcendentals = [(transcendental, elements)]
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = output_bytes(kernel, residuals, lambda out: [sizes[d] for d in out.dims])
+    # Without products, each output counts as the layout's size: counted as their own, the
+    # estimate of softmax's forward and backward passes (bench --chip v5e --grad) was 40%
+    # worse, XLA scheduling the forward pass's residuals differently.
+    layout = [sizes[d] for d in checked.space.layout]
+    outputs = output_bytes(kernel, residuals, lambda out: [sizes[d] for d in out.dims] if fused.products else layout)
     return (
         f"pl.CostEstimate(flops={sum_code(flops)}, transcendentals={sum_code(transcendentals)},"
         f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
