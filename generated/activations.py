@@ -273,10 +273,11 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x, bias = rt.load(x_ref, inside), rt.load(bias_ref, (None, in_n))
+    x, bias = rt.load(x_ref, (in_m, in_n)), rt.load(bias_ref, (None, in_n))
     scale = rt.load(scale_ref, (in_m, None))
-    rt.store(y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), inside)
+    rt.store(
+        y_ref, jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16), (in_m, in_n)
+    )
 
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
@@ -566,32 +567,32 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 def _bias_gelu_backward_over_m_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((1, block_n), None, in_n)
-    bias = rt.load(bias_ref, inside)
+    bias = rt.load(bias_ref, (None, in_n))
 
-    def accumulate(index, sum_m_running):
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
-        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], (in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+    def accumulate(index, sum_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
+        scale = rt.load(scale_ref.at[pl.ds(m_start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m_block = rt.fill_past(dy_1, m_start, m, 0, 0.0, ragged=m % block_m)
+        return sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
-    rt.store(dbias_ref, sum_m, inside)
+    rt.store(dbias_ref, sum_m, (None, in_n))
 
 
 def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -744,32 +745,32 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
 def _bias_gelu_backward_over_n_gpu_kernel(x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_n):
     block_m, _ = dscale_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    inside = rt.mask((block_m, 1), in_m, None)
-    scale = rt.load(scale_ref, inside)
+    scale = rt.load(scale_ref, (in_m, None))
 
-    def accumulate(index, sum_n_running):
-        start = index * block_n
-        in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
-        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], (None, in_n))
-        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
+    def accumulate(index, sum_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, n)
+        x = rt.load(x_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n))
+        bias = rt.load(bias_ref.at[:, pl.ds(n_start, block_n)], (None, in_n))
+        dy = rt.load(dy_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_n_block = rt.fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
-        return sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
+        sum_n_block = rt.fill_past(dy_1 * y_1, n_start, n, 1, 0.0, ragged=n % block_n)
+        return sum_n + jnp.sum(sum_n_block, axis=1, keepdims=True)
 
     sum_n = jax.lax.fori_loop(0, pl.cdiv(n, block_n), accumulate, jnp.full((block_m, 1), 0.0, jnp.float32))
-    rt.store(dscale_ref, sum_n, inside)
+    rt.store(dscale_ref, sum_n, (in_m, None))
 
 
 def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over N's blocks, carrying running
+        # values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
@@ -898,11 +899,10 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n):
     block_m, block_n = q_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x, scale = rt.load(x_ref, inside), rt.load(scale_ref, (in_m, None))
+    x, scale = rt.load(x_ref, (in_m, in_n)), rt.load(scale_ref, (in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
+    rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), (in_m, in_n))
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):

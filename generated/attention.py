@@ -507,9 +507,10 @@ def _attention_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
     s_start = pl.program_id(2) * block_s
-    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
-    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, inside, other=0), rt.load(o_ref, inside, other=0)
+    do, lse = rt.load(do_ref, inside, other=0), rt.load(lse_ref, (in_s, None), other=0)
     dlse = rt.load(dlse_ref, (in_s, None), other=0)
     delta = (
         jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
@@ -548,7 +549,7 @@ def _attention_backward_dq_gpu_kernel(
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     rt.store(delta_ref, delta, (in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), inside)
 
 
 def _attention_backward_dq_gpu(
@@ -874,8 +875,9 @@ def _attention_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
     t_start = pl.program_id(2) * block_t
-    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, inside, other=0), rt.load(v_ref, inside, other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -919,8 +921,8 @@ def _attention_backward_dkdv_gpu_kernel(
         accumulate,
         (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), inside)
 
 
 def _attention_backward_dkdv_gpu(
@@ -1227,9 +1229,10 @@ def _attention_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
     s_start = pl.program_id(2) * block_s
-    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
-    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, inside, other=0), rt.load(o_ref, inside, other=0)
+    do, lse = rt.load(do_ref, inside, other=0), rt.load(lse_ref, (in_s, None), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, running):
@@ -1257,7 +1260,7 @@ def _attention_dq_gpu_kernel(
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     rt.store(delta_ref, delta, (in_s, None))
-    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), inside)
 
 
 def _attention_dq_gpu(
@@ -1575,8 +1578,9 @@ def _attention_dkdv_gpu_kernel(
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
     t_start = pl.program_id(2) * block_t
-    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, inside, other=0), rt.load(v_ref, inside, other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -1611,8 +1615,8 @@ def _attention_dkdv_gpu_kernel(
         accumulate,
         (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
-    rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), inside)
 
 
 def _attention_dkdv_gpu(
@@ -2177,8 +2181,9 @@ def _attention_full_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
-    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
+    q, o = rt.load(q_ref, inside, other=0), rt.load(o_ref, inside, other=0)
+    do, lse = rt.load(do_ref, inside, other=0), rt.load(lse_ref, (in_s, None), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, acc_t):
@@ -2195,7 +2200,7 @@ def _attention_full_backward_dq_gpu_kernel(
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     rt.store(delta_ref, delta, (in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), inside)
 
 
 def _attention_full_backward_dq_gpu(
@@ -2443,7 +2448,8 @@ def _attention_full_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
+    k, v = rt.load(k_ref, inside, other=0), rt.load(v_ref, inside, other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -2469,8 +2475,8 @@ def _attention_full_backward_dkdv_gpu_kernel(
         accumulate,
         (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), inside)
 
 
 def _attention_full_backward_dkdv_gpu(
@@ -3134,9 +3140,10 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
     s_start = pl.program_id(2) * block_s
-    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
-    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    q, o = rt.load(q_ref, inside, other=0), rt.load(o_ref, inside, other=0)
+    do, lse = rt.load(do_ref, inside, other=0), rt.load(lse_ref, (in_s, None), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, running):
@@ -3171,7 +3178,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     rt.store(delta_ref, delta, (in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), inside)
 
 
 def _attention_bottom_right_backward_dq_gpu(
@@ -3507,8 +3514,9 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_ref.shape
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
     t_start = pl.program_id(2) * block_t
-    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
+    k, v = rt.load(k_ref, inside, other=0), rt.load(v_ref, inside, other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -3552,8 +3560,8 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
         accumulate,
         (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
-    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), (in_t, in_d))
-    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), (in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), inside)
 
 
 def _attention_bottom_right_backward_dkdv_gpu(
@@ -4129,8 +4137,9 @@ def _gqa_backward_dq_gpu_kernel(
     block_s, block_d = dq_ref.shape
     in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = rt.inside(0, block_d, d)
-    q, o = rt.load(q_ref, (in_s, in_d), other=0), rt.load(o_ref, (in_s, in_d), other=0)
-    do, lse = rt.load(do_ref, (in_s, in_d), other=0), rt.load(lse_ref, (in_s, None), other=0)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
+    q, o = rt.load(q_ref, inside, other=0), rt.load(o_ref, inside, other=0)
+    do, lse = rt.load(do_ref, inside, other=0), rt.load(lse_ref, (in_s, None), other=0)
     delta = jnp.sum(rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1, keepdims=True)
 
     def accumulate(index, acc_t):
@@ -4147,7 +4156,7 @@ def _gqa_backward_dq_gpu_kernel(
 
     acc_t = jax.lax.fori_loop(0, pl.cdiv(t, block_t), accumulate, jnp.full((block_s, block_d), 0, jnp.float32))
     rt.store(delta_ref, delta, (in_s, None))
-    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), (in_s, in_d))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), inside)
 
 
 def _gqa_backward_dq_gpu(
@@ -4392,7 +4401,8 @@ def _gqa_backward_dkdv_gpu_kernel(
     block_t, block_d = dk_r_ref.shape
     in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
     in_d = rt.inside(0, block_d, d)
-    k, v = rt.load(k_ref, (in_t, in_d), other=0), rt.load(v_ref, (in_t, in_d), other=0)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
+    k, v = rt.load(k_ref, inside, other=0), rt.load(v_ref, inside, other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
@@ -4418,8 +4428,8 @@ def _gqa_backward_dkdv_gpu_kernel(
         accumulate,
         (jnp.full((block_t, block_d), 0, jnp.float32), jnp.full((block_t, block_d), 0, jnp.float32)),
     )
-    rt.store(dv_r_ref, acc_s, (in_t, in_d))
-    rt.store(dk_r_ref, acc_s_2, (in_t, in_d))
+    rt.store(dv_r_ref, acc_s, inside)
+    rt.store(dk_r_ref, acc_s_2, inside)
 
 
 def _gqa_backward_dkdv_gpu(
@@ -4624,18 +4634,25 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
     )(dk_r, dv_r)
 
 
-def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, t, d, r, block_r):
+def _gqa_backward_over_r_gpu_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, r, t, d, block_r):
     block_b, block_g, _, block_t, block_d = dk_ref.shape
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
     in_d = rt.inside(pl.program_id(3) * block_d, block_d, d)
     in_r = rt.inside(0, block_r, r)
-    inside = rt.mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
     dk_r = rt.load(dk_r_ref, (in_b, in_g, in_r, in_t, in_d))
     dv_r = rt.load(dv_r_ref, (in_b, in_g, in_r, in_t, in_d))
-    rt.store(dk_ref, jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
-    rt.store(dv_ref, jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16), inside)
+    rt.store(
+        dk_ref,
+        jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        (in_b, in_g, None, in_t, in_d),
+    )
+    rt.store(
+        dv_ref,
+        jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        (in_b, in_g, None, in_t, in_d),
+    )
 
 
 def _gqa_backward_over_r_gpu(
@@ -4645,14 +4662,15 @@ def _gqa_backward_over_r_gpu(
     # Whole rows in registers: a warp per 1024 of their values, where nothing set the warps.
     num_warps = num_warps or rt.row_warps(block_b * block_g * block_t * block_d * block_r)
     return pl.pallas_call(
-        functools.partial(_gqa_backward_over_r_gpu_kernel, b=b, g=g, t=t, d=d, r=r, block_r=block_r),
+        functools.partial(_gqa_backward_over_r_gpu_kernel, b=b, g=g, r=r, t=t, d=d, block_r=block_r),
         # One program per block of B, block of G, block of T, block of D; programs run concurrently. Each holds
         # all of R (a power-of-two block).
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
         # dk_r, dv_r: f32[B, G, R, T, D]
-        in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l))] * 2,
+        in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, i3: (i, j, 0, k, i3))]
+        * 2,
         # dk, dv: bf16[B, G, T, D], broadcast over R
-        out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)),) * 2,
+        out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, i3: (i, j, 0, k, i3)),) * 2,
         out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -5777,12 +5795,11 @@ def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k):
     block_m, block_k = lhs_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_k = rt.inside(0, block_k, k)
-    inside = rt.mask((block_m, block_k), in_m, in_k)
-    x, g = rt.load(x_ref, inside), rt.load(g_ref, (None, in_k))
+    x, g = rt.load(x_ref, (in_m, in_k)), rt.load(g_ref, (None, in_k))
     h = x.astype(jnp.float32)
     mean_k = jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
     rt.store(mean_k_ref, mean_k, (in_m, None))
-    rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
+    rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), (in_m, in_k))
 
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
@@ -6329,24 +6346,23 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
 def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m):
     _, block_k = dg_ref.shape
     in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
-    inside = rt.mask((1, block_k), None, in_k)
 
-    def accumulate(index, sum_m_running):
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
-        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], (in_m, None))
-        dlhs = rt.load(dlhs_ref.at[pl.ds(start, block_m), :], (in_m, in_k))
+    def accumulate(index, sum_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k))
+        mean_k = rt.load(mean_k_ref.at[pl.ds(m_start, block_m), :], (in_m, None))
+        dlhs = rt.load(dlhs_ref.at[pl.ds(m_start, block_m), :], (in_m, in_k))
         h = x.astype(jnp.float32)
         lhs_1 = mean_k + 1e-06
         lhs_2 = jax.lax.rsqrt(lhs_1)
         lhs_3 = h * lhs_2
         dlhs_1 = dlhs.astype(jnp.float32)
-        sum_m_block = rt.fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
-        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m_block = rt.fill_past(dlhs_1 * lhs_3, m_start, m, 0, 0.0, ragged=m % block_m)
+        return sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_k), 0.0, jnp.float32))
-    rt.store(dg_ref, sum_m, inside)
+    rt.store(dg_ref, sum_m, (None, in_k))
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_gpu(
@@ -6354,7 +6370,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
 ):
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_gpu_kernel, m=m, k=k, block_m=block_m),
-        # One program per block of K; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of K; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(k, block_k),),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i: (0, i)),  # x: bf16[M, K]

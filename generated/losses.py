@@ -120,27 +120,32 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
     label = rt.load(label_ref, inside)
 
     def accumulate(index, running):
-        logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = running
-        start = index * block_v
-        in_v = rt.inside(start, block_v, v)
-        logits = rt.load(logits_ref.at[:, pl.ds(start, block_v)], (in_m, in_v))
+        v_start = index * block_v
+        in_v = rt.inside(v_start, block_v, v)
+        max_v, sum_exp_v, sum_v = running
+        logits = rt.load(logits_ref.at[:, pl.ds(v_start, block_v)], (in_m, in_v))
         z = logits.astype(jnp.float32)
-        logsumexp_over_v_block = rt.fill_past(z, start, v, 1, -jnp.inf, ragged=v % block_v)
-        logsumexp_over_v_max, logsumexp_over_v_sum = rt.logsumexp_step(
-            logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
-        )
+        max_v_block = rt.fill_past(z, v_start, v, 1, -jnp.inf, ragged=v % block_v)
+        max_v_previous = max_v
+        max_v_new = jnp.maximum(max_v_previous, jnp.max(max_v_block, axis=1, keepdims=True))
+        max_v_shift = jnp.where(max_v_new > -jnp.inf, max_v_new, 0.0)  # a row of -inf so far subtracts 0
+        max_v_rescale = jnp.exp(max_v_previous - max_v_shift)  # what the terms so far are worth now
+        max_v = max_v_new
+        sum_exp_v_terms = jnp.exp(z - max_v_shift)
+        sum_exp_v_block = rt.fill_past(sum_exp_v_terms, v_start, v, 1, 0.0, ragged=v % block_v)
+        sum_exp_v = max_v_rescale * sum_exp_v + jnp.sum(sum_exp_v_block, axis=1, keepdims=True)
         sum_v_block = rt.fill_past(
-            jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
-            start,
+            jnp.where(v_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0),
+            v_start,
             v,
             1,
             0.0,
             ragged=v % block_v,
         )
-        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
-        return logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running
+        sum_v = sum_v + jnp.sum(sum_v_block, axis=1, keepdims=True)
+        return max_v, sum_exp_v, sum_v
 
-    logsumexp_over_v_max, logsumexp_over_v_sum, sum_v = jax.lax.fori_loop(
+    max_v, sum_exp_v, sum_v = jax.lax.fori_loop(
         0,
         pl.cdiv(v, block_v),
         accumulate,
@@ -150,7 +155,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
+    logsumexp_v = rt.logsumexp_finish(max_v, sum_exp_v)
     if logsumexp_v_ref is not None:
         rt.store(logsumexp_v_ref, logsumexp_v, inside)
     rt.store(loss_ref, logsumexp_v - sum_v, inside)
@@ -159,7 +164,8 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_v_ref, 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, residuals, interpret):
     return pl.pallas_call(
         functools.partial(_cross_entropy_gpu_kernel, m=m, v=v, block_v=block_v),
-        # One program per block of M; programs run concurrently. Each loops over V itself, accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over V's blocks, carrying running
+        # values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
@@ -339,13 +345,13 @@ def _cross_entropy_backward_gpu_kernel(logits_ref, label_ref, logsumexp_v_ref, d
     block_m, block_v = dlogits_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
-    inside = rt.mask((block_m, block_v), in_m, in_v)
-    logits, label = rt.load(logits_ref, inside), rt.load(label_ref, (in_m, None))
+    v_start = pl.program_id(1) * block_v
+    logits, label = rt.load(logits_ref, (in_m, in_v)), rt.load(label_ref, (in_m, None))
     logsumexp_v, dloss = rt.load(logsumexp_v_ref, (in_m, None)), rt.load(dloss_ref, (in_m, None))
     z = logits.astype(jnp.float32)
-    loss_1 = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
+    loss_1 = v_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
-    rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
+    rt.store(dlogits_ref, dz.astype(jnp.bfloat16), (in_m, in_v))
 
 
 def _cross_entropy_backward_gpu(

@@ -2813,9 +2813,8 @@ def _scores_backward_epilogue_gpu_kernel(ds_ref, dacc_ref, *, b, s, t, scale):
     in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
     in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
     in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
-    inside = rt.mask((block_b, block_s, block_t), in_b, in_s, in_t)
-    ds = rt.load(ds_ref, inside)
-    rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
+    ds = rt.load(ds_ref, (in_b, in_s, in_t))
+    rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), (in_b, in_s, in_t))
 
 
 def _scores_backward_epilogue_gpu(ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret):
@@ -3404,24 +3403,24 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
 def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m):
     _, block_n = dbias_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, sum_m_running):
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+    def accumulate(index, sum_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        dy = rt.load(dy_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m_block = rt.fill_past(dy_1, m_start, m, 0, 0.0, ragged=m % block_m)
+        return sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
-    rt.store(dbias_ref, sum_m, inside)
+    rt.store(dbias_ref, sum_m, (None, in_n))
 
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M

@@ -80,8 +80,7 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x, w, b = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n)), rt.load(b_ref, (None, in_n))
+    x, w, b = rt.load(x_ref, (in_m, in_n)), rt.load(w_ref, (None, in_n)), rt.load(b_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
     rt.store(mu_ref, mu, (in_m, None))
@@ -91,7 +90,7 @@ def _layer_norm_gpu_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_
         rt.store(mean_n_ref, mean_n, (in_m, None))
     rstd = jax.lax.rsqrt(mean_n + eps)
     rt.store(rstd_ref, rstd, (in_m, None))
-    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), (in_m, in_n))
 
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
@@ -605,40 +604,40 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
 def _layer_norm_backward_over_m_gpu_kernel(x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m):
     _, block_n = dw_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
-        sum_m_running, sum_over_m_running = running
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
-        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], (in_m, None))
-        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], (in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        sum_m, sum_m_2 = running
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
+        mu = rt.load(mu_ref.at[pl.ds(m_start, block_m), :], (in_m, None))
+        rstd = rt.load(rstd_ref.at[pl.ds(m_start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         d = h - mu
         y_1 = d * rstd
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = rt.fill_past(dy_1 * y_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        sum_over_m_block = rt.fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
-        return sum_m_running, sum_over_m_running
+        sum_m_block = rt.fill_past(dy_1 * y_1, m_start, m, 0, 0.0, ragged=m % block_m)
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m_2_block = rt.fill_past(dy_1, m_start, m, 0, 0.0, ragged=m % block_m)
+        sum_m_2 = sum_m_2 + jnp.sum(sum_m_2_block, axis=0, keepdims=True)
+        return sum_m, sum_m_2
 
-    sum_m, sum_over_m = jax.lax.fori_loop(
+    sum_m, sum_m_2 = jax.lax.fori_loop(
         0,
         pl.cdiv(m, block_m),
         accumulate,
         (jnp.full((1, block_n), 0.0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    rt.store(dw_ref, sum_m, inside)
-    rt.store(db_ref, sum_over_m, inside)
+    rt.store(dw_ref, sum_m, (None, in_n))
+    rt.store(db_ref, sum_m_2, (None, in_n))
 
 
 def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
@@ -785,13 +784,12 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, eps):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x, w = rt.load(x_ref, inside), rt.load(w_ref, (None, in_n))
+    x, w = rt.load(x_ref, (in_m, in_n)), rt.load(w_ref, (None, in_n))
     h = x.astype(jnp.float32)
     mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
     if mean_n_ref is not None:
         rt.store(mean_n_ref, mean_n, (in_m, None))
-    rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
+    rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), (in_m, in_n))
 
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals, interpret):
@@ -1168,30 +1166,30 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
 def _rms_norm_backward_over_m_gpu_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, eps):
     _, block_n = dw_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, sum_m_running):
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
-        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], (in_m, None))
-        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
+    def accumulate(index, sum_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
+        mean_n = rt.load(mean_n_ref.at[pl.ds(m_start, block_m), :], (in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
         h = x.astype(jnp.float32)
         y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
-        sum_m_block = rt.fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
-        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m_block = rt.fill_past(dy_1 * y_3, m_start, m, 0, 0.0, ragged=m % block_m)
+        return sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
-    rt.store(dw_ref, sum_m, inside)
+    rt.store(dw_ref, sum_m, (None, in_n))
 
 
 def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret):
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, eps=eps),
-        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]

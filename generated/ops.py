@@ -363,9 +363,8 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -488,15 +487,13 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
 
 # Also `equal_count_i32`'s and `equal_count_i8`'s: the same code, written once.
 def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    inside = None
-
-    def accumulate(index, sum_n_running):
-        start = index * block_n
-        in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
-        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
-        return sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    def accumulate(index, sum_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, size_n)
+        x = rt.load(x_ref.at[pl.ds(n_start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(n_start, block_n)], (in_n,))
+        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), n_start, size_n, 0, 0, ragged=size_n % block_n)
+        return sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     sum_n = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, jnp.full((1,), 0, jnp.int32))
     n_ref[...] = sum_n
@@ -505,7 +502,7 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: f32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
@@ -764,9 +761,8 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), (in_m, None))
 
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -872,7 +868,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
@@ -1146,9 +1142,8 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), inside)
+    rt.store(i_ref, rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True), (in_m, None))
 
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -1277,7 +1272,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i8[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N

@@ -53,9 +53,8 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -185,32 +184,32 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
 def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
-    inside = rt.mask((block_m, 1), in_m, None)
 
     def accumulate(index, running):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, n)
         argmax_n_max, argmax_n_index = running
-        start = index * block_n
-        in_n = rt.inside(start, block_n, n)
-        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], (in_m, in_n))
-        argmax_n_block = rt.fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        x = rt.load(x_ref.at[:, pl.ds(n_start, block_n)], (in_m, in_n))
+        argmax_n_max_block = rt.fill_past(x, n_start, n, 1, -jnp.inf, ragged=n % block_n)
         argmax_n_max, argmax_n_index = rt.argbest_step(
-            argmax_n_max, argmax_n_index, argmax_n_block, start, 1, largest=True
+            argmax_n_max, argmax_n_index, argmax_n_max_block, n_start, 1, largest=True
         )
         return argmax_n_max, argmax_n_index
 
-    _, argmax_n = jax.lax.fori_loop(
+    argmax_n_max, argmax_n_index = jax.lax.fori_loop(
         0,
         pl.cdiv(n, block_n),
         accumulate,
         (jnp.full((block_m, 1), -jnp.inf, jnp.float32), jnp.full((block_m, 1), 0, jnp.int32)),
     )
-    rt.store(i_ref, argmax_n, inside)
+    rt.store(i_ref, argmax_n_index, (in_m, None))
 
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_n=block_n),
-        # One program per block of M; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per block of M; programs run concurrently. Each loops over N's blocks, carrying running
+        # values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
@@ -274,9 +273,8 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, n, block_n):
     block_m, _ = i_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, 1), in_m, None)
     x = rt.load(x_ref, (in_m, in_n))
-    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), (in_m, None))
 
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
@@ -397,23 +395,23 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
 def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m):
     _, block_n = s_ref.shape
     in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
-    inside = rt.mask((1, block_n), None, in_n)
 
-    def accumulate(index, sum_m_running):
-        start = index * block_m
-        in_m = rt.inside(start, block_m, m)
-        x = rt.load(x_ref.at[pl.ds(start, block_m), :], (in_m, in_n))
-        sum_m_block = rt.fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
-        return sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    def accumulate(index, sum_m):
+        m_start = index * block_m
+        in_m = rt.inside(m_start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(m_start, block_m), :], (in_m, in_n))
+        sum_m_block = rt.fill_past(x, m_start, m, 0, 0.0, ragged=m % block_m)
+        return sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     sum_m = jax.lax.fori_loop(0, pl.cdiv(m, block_m), accumulate, jnp.full((1, block_n), 0.0, jnp.float32))
-    rt.store(s_ref, sum_m, inside)
+    rt.store(s_ref, sum_m, (None, in_n))
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_column_sums_gpu_kernel, m=m, n=n, block_m=block_m),
-        # One program per block of N; programs run concurrently. Each loops over M itself, accumulating in order.
+        # One program per block of N; programs run concurrently. Each loops over M's blocks, carrying running
+        # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # x: f32[M, N]
         out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N], broadcast over M
@@ -519,9 +517,8 @@ def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n):
     block_m, block_n = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
     ds = rt.load(ds_ref, (None, in_n))
-    rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
+    rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), (in_m, in_n))
 
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
@@ -644,13 +641,12 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_
     block_m, block_n = q_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
+    x = rt.load(x_ref, (in_m, in_n))
     max_n = jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
     if max_n_ref is not None:
         rt.store(max_n_ref, max_n, (in_m, None))
     s = jnp.maximum(max_n, 1e-30) / 127
-    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
+    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), (in_m, in_n))
     rt.store(scale_ref, s, (in_m, None))
     if argmax_n_ref is not None:
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
@@ -854,17 +850,17 @@ def _quantize_rows_int8_backward_gpu_kernel(x_ref, max_n_ref, argmax_n_ref, dsca
     block_m, block_n = dx_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x, max_n = rt.load(x_ref, inside), rt.load(max_n_ref, (in_m, None))
+    n_start = pl.program_id(1) * block_n
+    x, max_n = rt.load(x_ref, (in_m, in_n)), rt.load(max_n_ref, (in_m, None))
     argmax_n, dscale = rt.load(argmax_n_ref, (in_m, None)), rt.load(dscale_ref, (in_m, None))
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
-        pl.program_id(1) * block_n + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
+        n_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
         jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
-    rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
+    rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), (in_m, in_n))
 
 
 def _quantize_rows_int8_backward_gpu(
@@ -1000,15 +996,13 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
 
 
 def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    inside = None
-
-    def accumulate(index, sum_n_running):
-        start = index * block_n
-        in_n = rt.inside(start, block_n, size_n)
-        x = rt.load(x_ref.at[pl.ds(start, block_n)], (in_n,))
-        y = rt.load(y_ref.at[pl.ds(start, block_n)], (in_n,))
-        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), start, size_n, 0, 0, ragged=size_n % block_n)
-        return sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    def accumulate(index, sum_n):
+        n_start = index * block_n
+        in_n = rt.inside(n_start, block_n, size_n)
+        x = rt.load(x_ref.at[pl.ds(n_start, block_n)], (in_n,))
+        y = rt.load(y_ref.at[pl.ds(n_start, block_n)], (in_n,))
+        sum_n_block = rt.fill_past((x == y).astype(jnp.int32), n_start, size_n, 0, 0, ragged=size_n % block_n)
+        return sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     sum_n = jax.lax.fori_loop(0, pl.cdiv(size_n, block_n), accumulate, jnp.full((1,), 0, jnp.int32))
     n_ref[...] = sum_n
@@ -1017,7 +1011,7 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
-        # One program per call; programs run concurrently. Each loops over N itself, accumulating in order.
+        # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
         out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N

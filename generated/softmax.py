@@ -77,8 +77,7 @@ def _softmax_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, 
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
+    x = rt.load(x_ref, (in_m, in_n))
     max_n = jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
     if max_n_ref is not None:
         rt.store(max_n_ref, max_n, (in_m, None))
@@ -86,7 +85,7 @@ def _softmax_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, 
     sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
     if sum_n_ref is not None:
         rt.store(sum_n_ref, sum_n, (in_m, None))
-    rt.store(y_ref, e / sum_n, inside)
+    rt.store(y_ref, e / sum_n, (in_m, in_n))
     if argmax_n_ref is not None:
         rt.store(argmax_n_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), (in_m, None))
 
@@ -523,12 +522,11 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n):
     block_m, block_n = y_ref.shape
     in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
     in_n = rt.inside(0, block_n, n)
-    inside = rt.mask((block_m, block_n), in_m, in_n)
-    x = rt.load(x_ref, inside)
+    x = rt.load(x_ref, (in_m, in_n))
     logsumexp_n = rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1)
     if logsumexp_n_ref is not None:
         rt.store(logsumexp_n_ref, logsumexp_n, (in_m, None))
-    rt.store(y_ref, x - logsumexp_n, inside)
+    rt.store(y_ref, x - logsumexp_n, (in_m, in_n))
 
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpret):

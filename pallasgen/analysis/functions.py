@@ -38,7 +38,8 @@ class Reducer:
     Carried over steps: `running` values start at their identities; a step adds a
     block by `block` (the jnp reduction of a block, kept) merged by `merge` (position
     by position too, so a running value may be block-shaped and reduced once, at the
-    end), or by the module's helper `step` where the running values are a pair;
+    end), or by the module's helper `step` where the running values are a pair
+    (logsumexp's are two carries of their own: a running max and its exp-sum);
     `finish` reads the result from them (`{0}`, `{1}`: the running values, `{size}`
     the dimension's size). A reduction over a whole block in one step is `whole`, and
     `reference` spells it in plain jax.numpy (`{value}`, `{axis}`: the reduced axis,
@@ -232,7 +233,6 @@ FUNCTIONS: dict[str, Function] = {
                 "lowest",
                 "jax.nn.logsumexp({wide_value}, axis={axis}, keepdims=True)",
                 running=(Running("max", "lowest"), Running("sum", "zero")),
-                step="rt.logsumexp_step({0}, {1}, {value}, {axis})",
                 finish="rt.logsumexp_finish({0}, {1})",
                 whole="rt.logsumexp({value}, {axis})",
             ),

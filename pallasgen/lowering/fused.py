@@ -1,5 +1,6 @@
-"""A fused kernel's body as code, for any backend: what each step of the pass over the
-swept dimension computes and how its carries combine, and what the last step writes.
+"""A kernel's body as code, for any backend that plans it as carried state: what each
+step of the pass over the swept dimension computes and how its carries combine, and
+what the last step writes (an elementwise kernel: its one step).
 
 Every value is a tile laid out as `analysis.fused` framed it. Backends place the
 carries (`Placement`: TPU scratch Refs read and written with `[...]`, values a GPU
@@ -136,7 +137,7 @@ def dot_code(product, lhs: str, rhs: str, accumulate: str) -> str:
 
 
 class FusedLowering:
-    """Writes a fused kernel's body. `lowered` names its values; `spelling` spells
+    """Writes a kernel's body. `lowered` names its values; `spelling` spells
     reductions and positions; `extents` gives each dimension's block extent as code;
     `placement` keeps the running values; `emitter_for(overrides)` makes an emitter."""
 
@@ -500,8 +501,8 @@ class FusedLowering:
             stem = names[carry.key][0].removesuffix("_ref")
             # A scratch Ref's value keeps the name its Ref was named after (claimed for it).
             single_ref = isinstance(self.placement, RefPlacement) and len(names[carry.key]) == 1
-            if value == stem and all(isinstance(f, Carry) for _, f in carry.factors):
-                finals[carry.key] = stem  # a carried value that is final as it is: no copy
+            if value in names[carry.key] and all(isinstance(f, Carry) for _, f in carry.factors):
+                finals[carry.key] = value  # a carried value that is final as it is: no copy
                 continue
             name = stem if single_ref else self.namer.claim(stem)
             lines.append(f"{name} = {value}")

@@ -8,7 +8,6 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.product import Product
 from pallasgen.lowering.pyexpr import Emitter
 
-ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 # Black's line length for generated code (the project's own); every width a plan wraps
 # comments and docstrings to, or fits code into, is counted back from it.
 LINE_LENGTH = 120
@@ -112,20 +111,6 @@ def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | 
     if product is not None and decl.name in {o.name for o in product.operands}:
         return decl.dims
     return tuple(d if d in decl.dims else None for d in out_dims)
-
-
-def array_positions(decl: ir.ArrayDecl, out_dims) -> list[tuple[str | None, str | None]]:
-    """Each blocked axis of an array without a product: (its dimension or None where it
-    broadcasts, the output dimension at that axis)."""
-    return list(zip(layout_of(decl, out_dims, None), out_dims))
-
-
-def grid_names(grid_dims) -> dict[str, str]:
-    """Names of the grid indices in index maps: i, j, k, ..., past the letters numbered
-    (i10, i11, ...)."""
-    return {
-        d: ELEMENTWISE_GRID_NAMES[n] if n < len(ELEMENTWISE_GRID_NAMES) else f"i{n}" for n, d in enumerate(grid_dims)
-    }
 
 
 def tuple_code(items) -> str:

@@ -1,7 +1,8 @@
 """Reductions and positions as code, in the reference and in kernels.
 
-Every value has the rank of the kernel's layout (IterationSpace.layout), so a
-reduction keeps the axis it removes (size 1) and its result broadcasts by position.
+Every value has the rank of the kernel's layout (IterationSpace.layout) in the
+reference, and of its tile (analysis.fused) in kernels, so a reduction keeps the axis
+it removes (size 1) and its result broadcasts by position.
 
 In the reference they are plain jax.numpy. In kernels they compute in f32 (floats)
 or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
@@ -188,56 +189,3 @@ class ReferenceSpelling:
 
     def rounded(self, value: str) -> str:
         return f"jnp.round({value})"
-
-
-class KernelSpelling:
-    """Reductions over whole dimensions, and positions, inside a kernel.
-
-    `layout` is the axes of the kernel's blocks. `extents[dim]` is a block's extent along
-    `dim` as code and `starts[dim]` its first position (None: 0). A dimension in `starts`
-    but not in `layout` takes one position per step (a product's squeezed batch
-    dimension): no axis of the blocks, its position is that start, a scalar. A dimension
-    in `padded` is held whole in a block larger than it (Triton's power of two): its
-    positions past the size are filled with each reduction's identity first.
-    """
-
-    def __init__(self, layout, sizes, extents, starts, padded=frozenset(), round_helper=False):
-        self.layout, self.sizes, self.extents, self.starts, self.padded = layout, sizes, extents, starts, padded
-        self.round_helper = round_helper  # Triton has no round: the runtime's round_half_even
-
-    def rounded(self, value: str) -> str:
-        return f"rt.round_half_even({value})" if self.round_helper else f"jnp.round({value})"
-
-    def starting(self, dim: str, start: str) -> KernelSpelling:
-        """The same spelling, with blocks of `dim` starting at `start`."""
-        starts = {**self.starts, dim: start}
-        return KernelSpelling(self.layout, self.sizes, self.extents, starts, self.padded, self.round_helper)
-
-    def holding(self, dims, namer) -> tuple[KernelSpelling, list[str]]:
-        """The same spelling with the starts of `dims` held in variables, and the lines
-        that set them, at a kernel's top level: Pallas's interpreter reads `pl.program_id`
-        only there, not in a `pl.when` or a loop's body."""
-        held = {d: namer.claim(f"{d.lower()}_start") for d in self.starts if d in dims and self.starts[d]}
-        starts = {**self.starts, **held}
-        spelling = KernelSpelling(self.layout, self.sizes, self.extents, starts, self.padded, self.round_helper)
-        if not held:
-            return spelling, []
-        comment = "# Read outside pl.when and loops: Pallas's interpreter cannot read pl.program_id there."
-        return spelling, [comment, *(f"{name} = {self.starts[d]}" for d, name in held.items())]
-
-    def reduction(self, node: ir.Call, value: str, dtype: DType) -> str:
-        dim = reduced_dim(node)
-        axis = self.layout.index(dim)
-        return kernel_reduction(node.func, value, axis, dtype, self.sizes[dim], padded=dim in self.padded)
-
-    def positions(self, dim: str) -> str:
-        if dim not in self.layout:
-            return self.starts[dim]
-        return kernel_positions(self.layout.index(dim), len(self.layout), self.extents[dim], self.starts.get(dim))
-
-    def softmax(self, node: ir.Call, value: str, dtype: DType) -> str:
-        dim = reduced_dim(node)
-        return kernel_softmax(value, self.layout.index(dim), dtype, self.sizes[dim], padded=dim in self.padded)
-
-    def size(self, dim: str) -> str:
-        return self.sizes[dim]

@@ -1559,14 +1559,6 @@ def logsumexp(x, axis):
     return logsumexp_finish(top, jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True))
 
 
-def logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
 def logsumexp_finish(top, total):
     """log-sum-exp from its running (max, sum), as jax.nn.logsumexp gives it: a row whose
     max is +inf or -inf has that for its log-sum-exp (its sum is NaN, or 0), a row with a

@@ -9,16 +9,8 @@ from pallasgen.runtime.constants import TARGETS
 from pallasgen.backends.gpu.checks import check_gpu
 from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, OPTIONS, gpu_block_keyword, gpu_keywords
 from pallasgen.backends.gpu.options import tuned_block_choices
-from pallasgen.backends.gpu.fused import fused_gpu_blocks, fused_keyword_group, gpu_blocks, plan_fused_gpu
-from pallasgen.backends.gpu.plan import (
-    kernel_function_name,
-    keyword_group,
-    SMALLEST_DOT_TILE,
-    launcher_name,
-    plan_gpu,
-    tunable_gpu_dims,
-    tuned_problem,
-)
+from pallasgen.backends.gpu.carried import default_gpu_blocks, gpu_blocks, keyword_group, plan_gpu
+from pallasgen.backends.gpu.plan import kernel_function_name, SMALLEST_DOT_TILE, launcher_name, tuned_problem
 
 
 class GpuBackend(Backend):
@@ -31,10 +23,10 @@ class GpuBackend(Backend):
         if fused is None:
             return settings, problems
         given = {item.dim: item.size for item in kernel.gpu_blocks}
-        return replace(settings, blocks=fused_gpu_blocks(kernel, blocks, fused, given)), problems
+        return replace(settings, blocks=default_gpu_blocks(kernel, blocks, fused, given)), problems
 
     def keywords(self, checked, targets=TARGETS):
-        return fused_keyword_group(checked) if checked.has_products else keyword_group(checked)
+        return keyword_group(checked)
 
     def reserved_names(self, checked):
         return gpu_keywords(checked.dims) | set(GPU_FUNCTION_LOCALS)
@@ -44,7 +36,7 @@ class GpuBackend(Backend):
 
     def tunable_dims(self, checked) -> list[str]:
         """The dimensions whose blocks are keywords (`gpu_block_*`), which tune --gpu searches."""
-        return list(gpu_blocks(checked)) if checked.has_products else tunable_gpu_dims(checked)
+        return list(gpu_blocks(checked))
 
     def block_keyword(self, dim):
         return gpu_block_keyword(dim)
@@ -73,7 +65,7 @@ class GpuBackend(Backend):
         return blocks | {keyword: allowed for keyword, allowed in OPTIONS.values()}
 
     def plan(self, lowered, targets=TARGETS):
-        return plan_fused_gpu(lowered) if lowered.checked.has_products else plan_gpu(lowered)
+        return plan_gpu(lowered)
 
     def blocks_at(self, plan, sizes):
         """Powers of two: a small dimension one block, but no smaller than a dot tile; a

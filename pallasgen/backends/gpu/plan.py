@@ -1,42 +1,24 @@
-"""The GPU (Triton) half of a kernel's plan.
+"""The GPU (Triton) half of a kernel's plan, as plain data, and what the planner
+(`carried`) writes it with.
 
-Triton has no scratch memory and runs grid programs concurrently, so a reduction over
-a blocked dimension loops over its blocks inside one program (products, planned as
-carried state, are backends.gpu.fused's); every block is a power of two. Pallas's Triton backend does not mask a block that overhangs its array (a
-BlockSpec is pointer arithmetic), so every load and store that can overhang is
-masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
+Triton has no scratch memory and runs grid programs concurrently, so a kernel that
+carries values over a blocked dimension loops over its blocks inside one program; every
+block is a power of two. Pallas's Triton backend does not mask a block that overhangs
+its array (a BlockSpec is pointer arithmetic), so every load and store that can
+overhang is masked: `rt.inside` per dimension, None where the blocks tile it exactly.
 """
 
 from __future__ import annotations
 
 import re
-import textwrap
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
+from pallasgen.backends.base import Tiling
 from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_of_two
-from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel, elementwise_body
-from pallasgen.lowering.parts import (
-    unpacked_results,
-    WrittenSpecs,
-    if_residuals,
-    saved_only,
-    LINE_LENGTH,
-    array_positions,
-    grid_names,
-    body_statements,
-    load_statements,
-    parameter_list,
-    used_names,
-    partial_call,
-    tuple_code,
-)
-from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
-from pallasgen.lowering.reductions import KernelSpelling
-from pallasgen.lowering.signature import Keyword, KeywordGroup
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import WrittenSpecs, if_residuals, LINE_LENGTH, parameter_list, tuple_code
 
 # gpu_block_*, gpu_warps, gpu_stages are documented by the runtime, from the public function's
 # triton_options (rt.keyword_lines)
@@ -107,14 +89,6 @@ def out_shapes(lowered: LoweredKernel) -> tuple[tuple[str, str], ...]:
     )
 
 
-def keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
-    chosen at call time (`rt.gpu_options`)."""
-    blocks = tuple(Keyword(gpu_block_keyword(d), "None") for d in tunable_gpu_dims(checked))
-    options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
-    return KeywordGroup((*blocks, *options), GPU_DOC)
-
-
 def tuned_fields(checked: CheckedKernel, tunable: list[str]) -> dict:
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
     `pallasgen tune --gpu` recorded, by device kind, and the order of their sizes: the
@@ -143,27 +117,6 @@ def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | No
         if options.get(name) not in allowed:
             return f"GPU option {name} is {options.get(name)!r}, not one of {', '.join(map(str, allowed))}"
     return None
-
-
-def _squeezed(checked: CheckedKernel) -> set[str]:
-    return set(checked.batch)
-
-
-def tunable_gpu_dims(checked: CheckedKernel) -> list[str]:
-    """Dimensions whose GPU blocks are keywords: all but squeezed batch dimensions and
-    those held whole (reduced, unless blocked)."""
-    squeezed, whole = _squeezed(checked), whole_dims(checked)
-    return [d for d in checked.dims if d not in squeezed and d not in whole]
-
-
-def whole_dims(checked: CheckedKernel) -> list[str]:
-    """Reduced dimensions a program holds whole, in one block of the next power of two."""
-    space = checked.space
-    return [
-        d.name
-        for d in space.dims
-        if d.reductions and d.name != space.contracted and not (d.reduced and d.name in checked.blocks)
-    ]
 
 
 def shape_reads(tiling: Tiling, array: str, ref: str) -> tuple[list[str], list[str]]:
@@ -202,134 +155,6 @@ def launcher_name(kernel: str) -> str:
     return f"_{kernel}_gpu"
 
 
-def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
-    """The plan of a kernel without products (those are planned as carried state, by
-    backends.gpu.fused): elementwise, or reducing over dimensions held whole or swept."""
-    checked = lowered.checked
-    namer, refs, sizes = lowered.namer.fork(), lowered.refs, lowered.sizes
-    comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
-    settings = checked.settings["gpu"]
-    kernel = checked.kernel
-    out_dims = checked.space.layout
-    squeezed = _squeezed(checked)
-    whole = whole_dims(checked)
-    stepped = stepped_sweep(checked)
-    looped = stepped.dim if stepped else None
-    grid_dims = [d for d in out_dims if d not in whole and d != looped]
-    index_names = grid_names(grid_dims)
-    tunable = tunable_gpu_dims(checked)
-    inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
-    whole_mask = namer.claim("inside")
-
-    def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
-        if out_dim in squeezed:  # one batch element per program; an array without it has size 1 there
-            return BlockAxis(dim, "squeezed", index_names[out_dim] if dim else None)
-        if dim is None:
-            return BlockAxis(None, "one", None)
-        if dim == looped:  # all of it: the program loops over its slices
-            return BlockAxis(dim, "whole", None)
-        return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
-
-    tiling = Tiling(
-        grid=tuple(GridAxis(d, index_names[d], "parallel", d in squeezed) for d in grid_dims),
-        arrays=tuple(
-            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims)))
-            for decl in kernel.inputs + kernel.outputs
-        ),
-        looped=looped,
-    )
-    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
-
-    def visible(decl: ir.ArrayDecl) -> list[str | None]:
-        """The axes of an array's block as the kernel sees it: a dimension, or None (size 1)."""
-        return [dim for dim, out_dim in array_positions(decl, out_dims) if out_dim not in squeezed]
-
-    def mask(axes: list[str | None], whole: bool = True) -> str | None:
-        """The mask of a block with these axes (its `inside` per axis, or the output
-        block's mask), or None if no axis can overhang."""
-        if not any(axes):
-            return None
-        if whole and axes == visible(kernel.outputs[0]):
-            return whole_mask
-        return tuple_code([inside[d] if d else "None" for d in axes])
-
-    def load(decl: ir.ArrayDecl) -> str:
-        axes_mask = mask(visible(decl))
-        return f"rt.load({refs[decl.name]}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
-
-    def store(decl: ir.ArrayDecl, value: str) -> str:
-        axes_mask = mask(visible(decl))
-        line = (
-            f"rt.store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
-        )
-        return saved_only(refs[decl.name], line) if decl.name in lowered.residual_names else line
-
-    out_axes = visible(kernel.outputs[0])
-    masks = [
-        f"{inside[d]} = rt.inside(pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}, {block_keyword(d)}, {sizes[d]})"
-        for d in grid_dims
-        if d not in squeezed
-    ]
-    masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
-    out_shape = tuple_code([block_keyword(d) if d else "1" for d in out_axes])
-    out_mask = mask(out_axes, whole=False)
-    masks.append(f"{whole_mask} = {f'rt.mask({out_shape}, {out_mask[1:-1]})' if out_mask else None}")
-    spelling = KernelSpelling(
-        tuple(d for d in out_dims if d not in squeezed),
-        sizes,
-        extents={d: block_keyword(d) for d in out_dims},
-        starts={
-            d: f"pl.program_id({grid_dims.index(d)})" + ("" if d in squeezed else f" * {block_keyword(d)}")
-            for d in grid_dims
-        },
-        padded=frozenset(whole),
-        round_helper=True,
-    )
-    emitter = lowered.emitter(spelling=spelling)
-    loop: list[str] = []
-    if looped:
-        loop, body = _reduction_loop(lowered, namer, looped, spelling, load, store, mask, visible, inside)
-    else:
-        body = elementwise_body(lowered, emitter, load, store)
-    read, read_line = shape_reads(tiling, kernel.outputs[0].name, refs[kernel.outputs[0].name])
-    kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
-    kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]
-    kernel_keywords = [name for name in kernel_keywords if name not in read] + [p.name for p in kernel.params]
-    # A program that holds whole rows takes its warps from their size where the spec sets none.
-    spec_warps = any(option.name == "warps" for option in kernel.gpu_options)
-    row_warps = " * ".join(block_keyword(d) for d in [*tunable, *whole]) if whole and not spec_warps else None
-    return GpuPlan(
-        function=launcher_name(kernel.name),
-        kernel_function=kernel_function_name(kernel.name),
-        blocks=tuple(
-            GpuBlockPlan(gpu_block_keyword(d), block_keyword(d), settings.blocks[d], sizes[d], d, 1) for d in tunable
-        ),
-        whole_blocks=tuple((block_keyword(d), sizes[d], d, 1) for d in whole),
-        options=tuple(
-            (keyword, f"num_{name}", None if name == "warps" and row_warps else settings.options[name])
-            for name, (keyword, _) in OPTIONS.items()
-        ),
-        row_warps=row_warps,
-        prologue=(),
-        **tuned_fields(checked, tunable),
-        grid=tiling.grid_code(sizes),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, squeezed, whole, looped), LINE_LENGTH - 16)),
-        in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
-        out_specs=tuple(
-            (comments[d.name], if_residuals(block_specs[d.name], o)) for d, o in zip(kernel.outputs, lowered.outputs)
-        ),
-        out_shapes=out_shapes(lowered),
-        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
-        kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
-        parameters=launcher_parameters(lowered, tunable),
-        dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=(*read_line, *masks),
-        loop=comments_above(loop),
-        body=comments_above(body),
-        tiling=tiling,
-    )
-
-
 def launcher_parameters(lowered: LoweredKernel, tunable) -> str:
     """The GPU launcher's parameters: the input arrays, then sizes, blocks, launch options,
     params, `residuals` where it has some, and `interpret` as keywords."""
@@ -353,68 +178,3 @@ def dispatch_arguments(checked: CheckedKernel, sizes, tunable) -> str:
         + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
         + [f"{p.name}={p.name}" for p in checked.kernel.params]
     )
-
-
-def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, store, mask, visible, inside):
-    """Reductions over a blocked `dim`: the program loops over its blocks, carrying the
-    running values. Returns the loop's lines and the body after it."""
-    checked = lowered.checked
-    kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
-    layout = checked.space.layout
-    block = block_keyword(dim)
-    sweep = checked.sweep
-    index, start, function = (namer.claim(n) for n in ("index", "start", "accumulate"))
-    with_dim = {d.name for d in kernel.inputs if dim in d.dims}
-    before = [d.name for d in kernel.inputs if d.name not in with_dim]
-    outside = [s for s in sweep.step if dim not in checked.types[s.value].dims]
-    inside_loop = [s for s in sweep.step if dim in checked.types[s.value].dims]
-    spelling, held_starts = spelling.holding(indexed_dims([*(s.value for s in inside_loop), *sweep.reductions]), namer)
-    spelling = spelling.starting(dim, start)
-    emitter = lowered.emitter(spelling=spelling)
-
-    def sliced_load(decl: ir.ArrayDecl) -> str:
-        axes = visible(decl)
-        indexer = ", ".join(f"pl.ds({start}, {block})" if d == dim else ":" for d in axes)
-        return f"rt.load({refs[decl.name]}.at[{indexer}], {tuple_code([inside[d] if d else 'None' for d in axes])})"
-
-    reductions = stepped_reductions(lowered, namer, sweep, emitter, start, block, in_refs=False)
-    shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
-    running = [acc.name for r in reductions for acc in r.accumulators]
-    init = [f"jnp.full({shape}, {acc.initial}, {acc.dtype})" for r in reductions for acc in r.accumulators]
-    step_lines = [line for r in reductions for line in r.step]
-    carried = ", ".join(running)  # a lone running value is carried bare
-    outer, finished = unpacked_results(running, [(r.result, r.finish) for r in reductions])
-    lone = len(running) == 1
-    step_lines, last = list(step_lines), f"return {carried}"
-    if lone and step_lines[-1].startswith(f"{carried} = "):  # its new value, returned
-        last = f"return {step_lines.pop().removeprefix(f'{carried} = ')}"
-    loop = [
-        *held_starts,
-        *load_statements(kernel, values, checked, load, only=before),
-        *body_statements(kernel, outside, emitter, values, refs, checked, store),
-        f"def {function}({index}, {carried if lone else 'running'}):",
-        *([] if lone else [f"    {carried} = running"]),
-        f"    {start} = {index} * {block}",
-        f"    {inside[dim]} = rt.inside({start}, {block}, {sizes[dim]})",
-        *(
-            f"    {values[d.name]} = {sliced_load(d)}"
-            for d in kernel.inputs
-            if d.name in with_dim and d.name in used_names(kernel)
-        ),
-        *(f"    {line}" for line in body_statements(kernel, inside_loop, emitter, values, refs, checked, store)),
-        *(f"    {line}" for line in step_lines),
-        f"    {last}",
-        "",
-        f"{outer.rstrip(',')} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, {init[0] if lone else tuple_code(init)})",
-    ]
-    last = lowered.emitter(spelling=spelling, overrides={r.node: r.result for r in reductions})
-    body = list(finished)
-    body += body_statements(kernel, sweep.finish, last, values, refs, checked, store)
-    return loop, body
-
-
-def _grid_comment(grid_dims: list[str], squeezed: set[str], whole=(), looped=None) -> str:
-    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims) or "call"
-    held = f" Each holds all of {', '.join(whole)} (a power-of-two block)." if whole else ""
-    loops = f" Each loops over {looped} itself, accumulating in order." if looped else ""
-    return f"One program per {steps}; programs run concurrently.{held}{loops}"

@@ -7,7 +7,7 @@ from pallasgen.backends.base import Backend
 from pallasgen.runtime.constants import TARGETS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.carried import check_tpu_tiles, fused_array_bytes, plan_tpu, tile_layouts
+from pallasgen.backends.tpu.carried import check_tpu_tiles, plan_tpu, tile_layouts
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
     chip_named,
@@ -24,8 +24,8 @@ from pallasgen.backends.tpu.tiling import (
     SCOPED_VMEM_BYTES,
     block_choices,
     tiling_problem,
+    kernel_vmem,
     tiling_rule,
-    vmem_bytes,
     vmem_problem,
 )
 
@@ -93,20 +93,14 @@ class TpuBackend(Backend):
         }
 
     def tuning_problem(self, checked, chosen):
-        """Why blocks (over the spec's) overflow VMEM, or None; a fused kernel's running
-        values and working tiles are left to the compiler."""
-        if checked.fused:
-            return None
-        return vmem_problem(checked.kernel, {**checked.blocks, **chosen}, checked.product)
+        """Why blocks (over the spec's) overflow VMEM, or None."""
+        blocks = {**checked.blocks, **chosen}
+        return vmem_problem(kernel_vmem(checked, blocks), blocks)
 
     def memory_bytes(self, checked, blocks) -> int:
-        """VMEM of the blocks (dimensions taken whole count as 1); a fused kernel's, its
-        arrays' double-buffered blocks (its running values and working tiles are small
-        beside them at the blocks a search tries)."""
+        """VMEM of the blocks (dimensions taken whole count as 1): `tiling.kernel_vmem`."""
         blocks = {**checked.blocks, **blocks}
-        if checked.fused:
-            return fused_array_bytes(checked.kernel, checked.fused, blocks)
-        return vmem_bytes(checked.kernel, blocks, checked.product)
+        return kernel_vmem(checked, blocks).total(blocks)
 
     def build_warnings(self, checked) -> list[str]:
         message = default_blocks_vmem_warning(checked, self.tunable_dims(checked), self.memory_bytes)

@@ -45,15 +45,7 @@ from pallasgen.backends.tpu.chips import (
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import (
-    VMEM_LIMIT_BYTES,
-    Vmem,
-    VmemPart,
-    accumulates_elementwise,
-    holds_rows,
-    tiling_problem,
-    vmem,
-)
+from pallasgen.backends.tpu.tiling import Vmem, accumulates_elementwise, holds_rows, kernel_vmem, tiling_problem
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
@@ -248,9 +240,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
 
     def needs(kernel: ir.Kernel) -> Vmem:
-        if checked.fused is None:  # its blocks and working copies (a product's accumulator, its dot's result)
-            return vmem(kernel, checked.blocks, checked.product)
-        return _vmem(kernel, fused, running)
+        return kernel_vmem(checked, checked.blocks, kernel, running)
 
     needed = needs(kernel)
     # Its parts as (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
@@ -461,27 +451,6 @@ def _block_specs(tiling: Tiling, sizes, live: str | None, namer) -> tuple[tuple[
         f"    return {axis.index_code}",
     )
     return lines, specs
-
-
-def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
-    """The arrays' double-buffered blocks at `blocks` (a dimension taken whole: 1)."""
-    return _vmem(kernel, fused, ()).total(blocks)
-
-
-def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
-    """Double-buffered blocks of every array, and each running value in scratch."""
-    parts = [
-        VmemPart(
-            decl.name,
-            decl.name,
-            2,
-            DTYPES[decl.dtype].bytes,
-            tuple(d for d in array_axes(decl, fused) if d and d not in fused.batch),
-        )
-        for decl in kernel.inputs + kernel.outputs
-    ]
-    parts += [VmemPart(r.name, None, 1, 4, r.dims) for r in running]
-    return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
 def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.product import Product
 from pallasgen.analysis.space import IterationSpace
-from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_problem
+from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem, vmem_problem
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 
@@ -26,7 +26,7 @@ def check_tpu(
             found.append(Diagnostic(item.position, problem))
     known_dtypes = all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs)
     if kernel.blocks and known_dtypes and not found:
-        problem = vmem_problem(kernel, blocks, product)
+        problem = vmem_problem(vmem(kernel, blocks, product), blocks)
         if problem:
             found.append(Diagnostic(kernel.blocks[0].position, problem))
     return found

@@ -13,6 +13,7 @@ from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
 from pallasgen.lowering.parts import layout_of
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
+from pallasgen.analysis.fused import array_axes
 
 from pallasgen.runtime.constants import (  # noqa: F401
     SCOPED_VMEM_BYTES,
@@ -184,6 +185,30 @@ class Vmem:
         return " + ".join(terms)
 
 
+def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None, running=()) -> Vmem:
+    """What a step of a checked kernel holds in VMEM at `blocks` (`kernel`: the checked
+    one, or it without its residuals). A kernel of at most one product of two inputs:
+    its arrays' double-buffered blocks and working copies (`vmem`); a fused one: its
+    arrays' blocks and the `running` values it carries in scratch, its working tiles
+    left to the compiler (small beside them at the blocks a search tries)."""
+    kernel = kernel or checked.kernel
+    if checked.fused is None:
+        return vmem(kernel, blocks, checked.product)
+    frame = checked.frame
+    parts = [
+        VmemPart(
+            decl.name,
+            decl.name,
+            2,
+            DTYPES[decl.dtype].bytes,
+            tuple(d for d in array_axes(decl, frame) if d and d not in frame.batch),
+        )
+        for decl in kernel.inputs + kernel.outputs
+    ]
+    parts += [VmemPart(r.name, None, 1, 4, r.dims) for r in running]
+    return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
+
+
 def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
     """Double-buffered inputs and outputs, the accumulator of a product whose contracted
     dimension is in `blocked` and the product of one step (the dot's result, which Mosaic
@@ -255,10 +280,9 @@ def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | Non
     return vmem(kernel, blocks, product).total(blocks)
 
 
-def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> str | None:
+def vmem_problem(needed: Vmem, blocks: dict[str, int]) -> str | None:
     """Blocks beyond Mosaic's scoped default are fine (the launcher raises its limit);
     beyond what the launcher may ask of the chip they are not."""
-    needed = vmem(kernel, blocks, product)
     if needed.total(blocks) <= VMEM_LIMIT_BYTES:
         return None
     return (

@@ -35,18 +35,27 @@ from pallasgen.backends.gpu.plan import (
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
-from pallasgen.lowering.parts import LINE_LENGTH, if_residuals, parameter_list, partial_call, saved_only, tuple_code
+from pallasgen.lowering.parts import (
+    LINE_LENGTH,
+    if_residuals,
+    parameter_list,
+    partial_call,
+    saved_only,
+    tuple_code,
+    used_names,
+)
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
 
 
 def on_triton(checked: CheckedKernel) -> CheckedKernel:
-    """The kernel as a Triton program computes it. A lone product (not a fused kernel) is
-    blocked along each of its dimensions whatever the TPU's blocks say, by its GPU blocks
-    (`gpu block`, else Triton's defaults), and loops over its contracted dimension's
-    blocks: the TPU may take a dimension whole that a program cannot hold (its operands
-    would outgrow shared memory at large sizes)."""
+    """The kernel as a Triton program computes it. A kernel of at most one product of two
+    inputs (not a fused one) is blocked along each dimension its GPU blocks name (`gpu
+    block`, else Triton's defaults: every dimension but those reduced whole) whatever
+    the TPU's blocks say; a lone product loops over its contracted dimension's blocks:
+    the TPU may take a dimension whole that a program cannot hold (its operands would
+    outgrow shared memory at large sizes)."""
     gpu_blocks = checked.settings["gpu"].blocks
     if checked.fused is not None or set(gpu_blocks) <= set(checked.blocks):
         return checked
@@ -87,7 +96,7 @@ def dot_depth(checked: CheckedKernel, dim: str) -> int:
     )
 
 
-def fused_gpu_blocks(kernel: ir.Kernel, blocks: dict[str, int], fused, given: dict[str, int]) -> dict[str, int]:
+def default_gpu_blocks(kernel: ir.Kernel, blocks: dict[str, int], fused, given: dict[str, int]) -> dict[str, int]:
     """The default GPU block of each dimension the TPU blocks (batch ones: 1): `given`
     (the spec's `gpu block`), else 64, no less than a dot's tile."""
     return {
@@ -101,7 +110,7 @@ def gpu_blocks(checked: CheckedKernel) -> dict[str, int]:
     return {d: settings[d] for d in tunable_dims(checked)}
 
 
-def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
+def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     blocks = tuple(Keyword(gpu_block_keyword(d), "None") for d in gpu_blocks(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), GPU_DOC)
@@ -149,7 +158,7 @@ def _swapped(fused: FusedKernel, swapped: frozenset[str]) -> FusedKernel:
     return replace(fused, frame=frame, products=products)
 
 
-def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
+def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     lowered = replace(lowered, checked=on_triton(lowered.checked))
     swapped = k_major_swaps(lowered.checked)
     if swapped:
@@ -212,19 +221,39 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     )
     block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
 
+    # A block mask that the blocks of three or more arrays share (not sliced along the swept
+    # dimension), the first output's, is computed once.
+    shared = axes(kernel.outputs[0])
+    sharing = [
+        d
+        for d in (*kernel.inputs, *kernel.outputs)
+        if swept not in d.dims and axes(d) == shared and (d in kernel.outputs or d.name in used_names(kernel))
+    ]
+    whole_mask = namer.claim("inside") if any(shared) and len(sharing) > 2 else None
+    if whole_mask:
+        masks.append(
+            f"{whole_mask} = rt.mask({tuple_code([block_keyword(d) if d else '1' for d in shared])}, {', '.join(inside[d] if d else 'None' for d in shared)})"
+        )
+
     def mask(decl) -> str | None:
         visible = axes(decl)
         if not any(visible):
             return None
+        if whole_mask and decl in sharing:
+            return whole_mask
         return tuple_code([inside[d] if d else "None" for d in visible])  # `inside` per axis
+
+    # A kernel with products reads 0 past every input's end: a ragged block's positions
+    # reach its dots as zeros (never as whatever memory holds: NaN times 0 is NaN).
+    other = ", other=0" if fused.products else ""
 
     def load(decl: ir.ArrayDecl) -> str:
         if swept in decl.dims:
             indexer = ", ".join(
                 f"pl.ds({sweep_start}, {block_keyword(swept)})" if d == swept else ":" for d in axes(decl)
             )
-            return f"rt.load({refs[decl.name]}.at[{indexer}], {mask(decl)}, other=0)"
-        return f"rt.load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
+            return f"rt.load({refs[decl.name]}.at[{indexer}], {mask(decl)}{other})"
+        return f"rt.load({refs[decl.name]}, {mask(decl)}{other})" if mask(decl) else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
         line = (
@@ -260,6 +289,11 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
                 f"{values[decl.name]} = jnp.swapaxes({values[decl.name]}, -1, -2)  # {decl.dtype} wgmma reads K-major tiles only"
             )
     defaults = gpu_blocks(checked)
+    # A program without products that holds whole rows takes its warps from their size where
+    # the spec sets none (a kernel's products choose its warps).
+    spec_warps = any(option.name == "warps" for option in kernel.gpu_options)
+    held = whole and not spec_warps and not fused.products
+    row_warps = " * ".join(block_keyword(d) for d in [*tunable, *whole]) if held else None
     return GpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -270,13 +304,16 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
                 defaults[d],
                 sizes[d],
                 d,
-                max(SMALLEST_DOT_TILE, dot_depth(checked, d)),
+                max(SMALLEST_DOT_TILE, dot_depth(checked, d)) if checked.has_products else 1,
             )
             for d in tunable
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d, dot_depth(checked, d)) for d in whole),
-        options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
-        row_warps=None,  # its tiles' products choose its warps
+        options=tuple(
+            (keyword, f"num_{name}", None if name == "warps" and row_warps else settings.options[name])
+            for name, (keyword, _) in OPTIONS.items()
+        ),
+        row_warps=row_warps,
         prologue=(*swaps, *_dot_fit(checked, tunable, whole, swept)),
         **tuned_fields(checked, tunable),
         grid=tiling.grid_code(sizes),
