@@ -58,18 +58,15 @@ def peak_for(device_kind: str) -> tuple[float, float] | None:
 
 
 def work(checked: CheckedKernel, sizes: dict[str, int]) -> tuple[int, int]:
-    """Flops of the products (0 without one; a fused kernel's every product, counted whole
-    even where a block is skipped) and bytes read and written at least once."""
-    kernel, product = checked.kernel, checked.product
-    elements = 1
-    for dim in kernel.outputs[0].dims:
-        elements *= sizes[dim]
-    flops = 2 * elements * sizes[product.k] if product else 0
-    for node, fused_product in (checked.fused.products.items() if checked.fused else ()):
+    """Flops of the products (2 per multiply-add of each, counted whole even where a block
+    is skipped; 0 without one) and bytes read and written at least once."""
+    kernel = checked.kernel
+    flops = 0
+    for node, product in checked.frame.products.items():
         result = 1
         for dim in checked.types[node].dims:
             result *= sizes[dim]
-        flops += 2 * result * sizes[fused_product.k]
+        flops += 2 * result * sizes[product.k]
     moved = 0
     for decl in kernel.inputs + kernel.outputs:
         count = 1

@@ -376,8 +376,7 @@ def reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
     bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
-        checked.product
-        or checked.fused
+        checked.has_products
         or checked.sweep
         or lowered.residuals
         or len(lets) <= len(kernel.outputs)

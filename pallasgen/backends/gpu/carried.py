@@ -1,9 +1,9 @@
-"""The GPU (Triton) plan of every kernel with a product, as carried state (its frame:
-analysis.fused): one program per batch element and block of the dimensions outputs
-keep; each program loops over the swept dimension's blocks itself, its running values
-carried by the loop (Triton has no scratch memory). Blocks are powers of two; a
-dimension held whole takes the next power of two, and every load and store that can
-overhang its array is masked."""
+"""The GPU (Triton) plan of every kernel, as carried state (its frame: analysis.fused):
+one program per batch element and block of the dimensions outputs keep; each program
+loops over the swept dimension's blocks itself, its running values carried by the loop
+(Triton has no scratch memory). Blocks are powers of two; a dimension held whole takes
+the next power of two, and every load and store that can overhang its array is
+masked."""
 
 from __future__ import annotations
 
@@ -231,9 +231,8 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     ]
     whole_mask = namer.claim("inside") if any(shared) and len(sharing) > 2 else None
     if whole_mask:
-        masks.append(
-            f"{whole_mask} = rt.mask({tuple_code([block_keyword(d) if d else '1' for d in shared])}, {', '.join(inside[d] if d else 'None' for d in shared)})"
-        )
+        shape = tuple_code([block_keyword(d) if d else "1" for d in shared])
+        masks.append(f"{whole_mask} = rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in shared)})")
 
     def mask(decl) -> str | None:
         visible = axes(decl)
