@@ -243,14 +243,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         return kernel_vmem(checked, checked.blocks, kernel, running)
 
     needed = needs(kernel)
-    # Its parts as (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
-    terms = [(part.buffers * part.element_bytes, part.dims) for part in needed.parts]
-    plain = (
-        [(part.buffers * part.element_bytes, part.dims) for part in needs(lowered.plain).parts]
-        if lowered.residuals
-        else None
-    )
-    vmem_needed = residual_vmem_code(terms, plain, extents, set(fused.batch))
+    # As (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
+    plain = needs(lowered.plain).terms() if lowered.residuals else None
+    vmem_needed = residual_vmem_code(needed.terms(), plain, extents, set(fused.batch))
     kernel_parameters, unpacked = kernel_signature(
         [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords
     )

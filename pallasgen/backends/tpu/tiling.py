@@ -164,6 +164,14 @@ class Vmem:
     def total(self, blocks: dict[str, int]) -> int:
         return sum(part.buffers * part.bytes(blocks) for part in self.parts)
 
+    def terms(self) -> list[tuple[int, tuple[str, ...]]]:
+        """Its parts as (bytes, dims) terms, each `bytes` times the product of the blocks
+        of `dims`; parts over the same dims merged, in order of first appearance."""
+        terms: dict[tuple[str, ...], int] = {}
+        for part in self.parts:
+            terms[part.dims] = terms.get(part.dims, 0) + part.buffers * part.element_bytes
+        return [(count, dims) for dims, count in terms.items()]
+
     def formula(self, blocks: dict[str, int]) -> str:
         """`2 buffers x (x 1.0 MiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + 3 lets x 4.0 MiB`:
         every part, in bytes at `blocks`; parts alike (lets, or the same name) of the same
@@ -263,15 +271,6 @@ def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str
             known[statement.name] = dims_of(statement.value)
             found[statement.name] = tuple(d for d in order if d in known[statement.name])
     return found
-
-
-def vmem_terms(kernel: ir.Kernel, blocked, product: Product | None) -> list[tuple[int, tuple[str, ...]]]:
-    """`vmem` as a sum of (bytes, dims) terms, each `bytes` times the product of the blocks
-    of `dims`; parts over the same dims are merged, in order of first appearance."""
-    terms: dict[tuple[str, ...], int] = {}
-    for part in vmem(kernel, blocked, product).parts:
-        terms[part.dims] = terms.get(part.dims, 0) + part.buffers * part.element_bytes
-    return [(count, dims) for dims, count in terms.items()]
 
 
 def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> int:
