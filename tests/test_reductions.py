@@ -418,6 +418,40 @@ def test_every_elementwise_reducer_to_a_scalar_matches_numpy_over_ragged_steps(s
         np.testing.assert_allclose(g.astype(np.float64), np.float64(w), rtol=1e-5, atol=1e-5)
 
 
+POSITIONS_BY_RANK = """
+kernel weighted_total {
+    in  x: f32[N]
+    out s: f32[]
+    s = sum(x * f32(index(N)), N)
+}
+
+kernel positions_3d {
+    in  x: f32[A, M, N]
+    out y: f32[A, M, N]
+    y = x + f32(100 * index(A) + 10 * index(M) + index(N))
+}
+"""
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "triton"])
+def test_index_in_a_kernel_of_rank_1_or_3_is_each_positions_own_axis(gpu, tmp_path, monkeypatch):
+    """index(N) of a vector held whole is a vector (it was an [N, 1] column, so x * index
+    broadcast to [N, N] and the scalar's store failed), and in a rank-3 kernel each
+    dimension's positions lie on its own axis."""
+    path = tmp_path / "positions.py"
+    path.write_text(generate(POSITIONS_BY_RANK, "positions.pallas", "specs/positions.pallas"))
+    module = load_generated(path)
+    if gpu:
+        take_gpu_branch(monkeypatch, module)
+    x = np.random.default_rng(5).standard_normal(300).astype(np.float32)
+    got = np.asarray(module.weighted_total(x, **({"interpret": True} if gpu else {})))
+    np.testing.assert_allclose(got, (x.astype(np.float64) * np.arange(300)).sum(), rtol=1e-5)
+    x3 = np.zeros((2, 3, 5), np.float32)
+    a, m, n = np.meshgrid(np.arange(2), np.arange(3), np.arange(5), indexing="ij")
+    got3 = np.asarray(module.positions_3d(x3, **({"interpret": True} if gpu else {})))
+    np.testing.assert_array_equal(got3, (100 * a + 10 * m + n).astype(np.float32))
+
+
 def load_generated(path: Path):
     return load_module(path.read_text(), path)
 

@@ -100,7 +100,7 @@ class FrameSpelling:
 
     def __init__(self, fused: FusedKernel, sizes, extents, starts, padded=frozenset(), round_helper=False):
         self.frame, self.sizes, self.extents, self.starts, self.padded = fused.frame, sizes, extents, starts, padded
-        self.batch, self.row = fused.batch, fused.row
+        self.batch, self.row, self.axes = fused.batch, fused.row, fused.axes
         self.round_helper = round_helper  # Triton has no round: the runtime's round_half_even
 
     def axis(self, node: ir.Expr, dim: str) -> int:
@@ -118,6 +118,8 @@ class FrameSpelling:
     def positions(self, dim: str) -> str:
         if dim in self.batch:
             return self.starts[dim]
+        if self.axes is not None:  # a kernel without products: each dimension on its axis of the layout
+            return kernel_positions(self.axes.index(dim), len(self.axes), self.extents[dim], self.starts.get(dim))
         axis = 0 if self.row == dim else 1
         return kernel_positions(axis, 2, self.extents[dim], self.starts.get(dim))
 
