@@ -452,6 +452,33 @@ def test_index_in_a_kernel_of_rank_1_or_3_is_each_positions_own_axis(gpu, tmp_pa
     np.testing.assert_array_equal(got3, (100 * a + 10 * m + n).astype(np.float32))
 
 
+EXP_SUM_LET = """
+kernel exp_sum {
+    in  x: f32[M, N]
+    out s: f32[M]
+    let e = exp(x - max(x, N))
+    s = sum(e, N)
+    block M = 8, N = 128
+}
+"""
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "triton"])
+def test_a_let_of_exp_terms_read_only_by_their_sum_over_a_swept_dimension(gpu, tmp_path, monkeypatch):
+    """`let e = exp(x - max(x, N))` read only by `sum(e, N)` with N blocked: the sum is
+    carried online (rescaled as the running max grows) and its terms are computed in the
+    step. They were named after the let, which no step computed (a NameError at trace)."""
+    path = tmp_path / "exp_sum.py"
+    path.write_text(generate(EXP_SUM_LET, "exp_sum.pallas", "specs/exp_sum.pallas"))
+    module = load_generated(path)
+    if gpu:
+        take_gpu_branch(monkeypatch, module)
+    x = np.random.default_rng(6).standard_normal((13, 300)).astype(np.float32) * 4
+    got = np.asarray(module.exp_sum(x, **({"interpret": True} if gpu else {})))
+    wide = x.astype(np.float64)
+    np.testing.assert_allclose(got, np.exp(wide - wide.max(axis=1, keepdims=True)).sum(axis=1), rtol=1e-5)
+
+
 def load_generated(path: Path):
     return load_module(path.read_text(), path)
 

@@ -173,16 +173,18 @@ class _Sweeper:
         # Each step computes the lets its carries read, and an output they read as a let
         # of its name (stored once the pass is done).
         lets = [s if isinstance(s, ir.Let) else ir.Let(s.target, s.value, s.position) for s in self.kernel.body]
+        step = tuple(s for s in lets if s.name in in_step and self.let_infos[s.name].phase != "post")
+        stepped = {s.name for s in step}
         return Sweep(
             self.dim,
             tuple(self.carries.values()),
             self.results,
-            step=tuple(s for s in lets if s.name in in_step and self.let_infos[s.name].phase != "post"),
+            step=step,
             finish=tuple(s for s in self.kernel.body if s in finish or (isinstance(s, ir.Let) and s.name in in_finish)),
             running=self.running,
             unfactored=self.unfactored,
             softmaxes=self.softmaxes,
-            terms=self._terms(),
+            terms={key: name for key, name in self._terms().items() if name in stepped},  # else computed apart
             skip=self._skip(),
         )
 
