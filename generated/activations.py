@@ -615,7 +615,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
-    def reduce_1(indices, x_smem, scale_smem, dy_smem, sum_m_running):
+    def reduce_1(indices, x_smem, scale_smem, dy_smem, sum_m):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
@@ -627,8 +627,8 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
     dbias = plgpu.emit_pipeline(
         reduce_1,
@@ -793,7 +793,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
     rt.mgpu_copy_in(scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0])
     scale = rt.mgpu_load_vector(scale_smem, 0)
 
-    def reduce_1(indices, x_smem, bias_smem, dy_smem, sum_n_running):
+    def reduce_1(indices, x_smem, bias_smem, dy_smem, sum_n):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
@@ -805,8 +805,8 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
             0.5 * (1 + y_3) + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_n_block = rt.mgpu_fill_past(dy_1 * y_1, start, n, 1, 0.0, ragged=n % block_n)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
-        return sum_n_running
+        sum_n = sum_n + jnp.sum(sum_n_block, axis=1)
+        return sum_n
 
     dscale = plgpu.emit_pipeline(
         reduce_1,

@@ -5594,7 +5594,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(x_ref, g_ref, lhs_ref, lhs_buffers
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        lhs_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g).astype(
+        lhs_buffers[slot] = (h * rt.mgpu_spread(jax.lax.rsqrt(mean_k + 1e-06), (block_m, block_k), 0) * g).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -5833,22 +5833,22 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 ):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, mean_over_k_running):
+    def reduce_1(indices, x_smem, mean_k_running):
         start = indices[0] * block_k
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
-        mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
-        return mean_over_k_running
+        mean_k_block = rt.mgpu_fill_past(h * h, start, k, 1, 0.0, ragged=k % block_k)
+        mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
+        return mean_k_running
 
-    mean_over_k_running = plgpu.emit_pipeline(
+    mean_k_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[rt.mgpu_spec((block_m, block_k), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
-    mean_k = mean_over_k_running / k
+    mean_k = mean_k_running / k
     mean_k_smem[...] = mean_k
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(mean_k_smem, mean_k_ref.at[pl.ds(program_m * block_m, block_m)])
@@ -5860,7 +5860,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        lhs_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g).astype(
+        lhs_buffers[slot] = (h * rt.mgpu_spread(jax.lax.rsqrt(mean_k + 1e-06), (block_m, block_k), 0) * g).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -6391,7 +6391,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
 ):
     program_k = jax.lax.axis_index("K")
 
-    def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, sum_m_running):
+    def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, sum_m):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         mean_k = rt.mgpu_load(mean_k_smem, (block_m, block_k), (0,))
@@ -6402,8 +6402,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         lhs_3 = h * lhs_2
         dlhs_1 = dlhs.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dlhs_1 * lhs_3, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
     dg = plgpu.emit_pipeline(
         reduce_1,

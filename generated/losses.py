@@ -193,14 +193,20 @@ def _cross_entropy_mosaic_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_
     label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
-        logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = carry
+        max_v, sum_exp_v, sum_v_running = carry
         start = indices[0] * block_v
         logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
         z = logits.astype(jnp.float32)
-        logsumexp_over_v_block = rt.mgpu_fill_past(z, start, v, 1, -jnp.inf, ragged=v % block_v)
-        logsumexp_over_v_running, logsumexp_over_v_index = rt.mgpu_logsumexp_step(
-            logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
-        )
+        max_v_block = rt.mgpu_fill_past(z, start, v, 1, -jnp.inf, ragged=v % block_v)
+        max_v_previous = max_v
+        max_v_new = jnp.maximum(max_v_previous, jnp.max(max_v_block, axis=1))
+        max_v_shift_vector = jnp.where(max_v_new > -jnp.inf, max_v_new, 0.0)  # a row of -inf so far subtracts 0
+        max_v_shift = rt.mgpu_spread(max_v_shift_vector, max_v_block.shape, 0)
+        max_v_rescale = rt.mgpu_exp(max_v_previous - max_v_shift_vector)  # what the terms so far are worth now
+        max_v = max_v_new
+        sum_exp_v_terms = rt.mgpu_exp(z - max_v_shift)
+        sum_exp_v_block = rt.mgpu_fill_past(sum_exp_v_terms, start, v, 1, 0.0, ragged=v % block_v)
+        sum_exp_v = max_v_rescale * sum_exp_v + jnp.sum(sum_exp_v_block, axis=1)
         sum_v_block = rt.mgpu_fill_past(
             jnp.where(
                 rt.mgpu_positions(start, (block_m, block_v), 1) == rt.mgpu_spread(label, (block_m, block_v), 0), z, 0
@@ -212,9 +218,9 @@ def _cross_entropy_mosaic_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_
             ragged=v % block_v,
         )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
-        return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
+        return (max_v, sum_exp_v, sum_v_running)
 
-    logsumexp_over_v_running, logsumexp_over_v_index, sum_v = plgpu.emit_pipeline(
+    max_v, sum_exp_v, sum_v = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
         in_specs=[rt.mgpu_spec((block_m, block_v), lambda s: (program_m, s), jnp.bfloat16)],
@@ -225,7 +231,7 @@ def _cross_entropy_mosaic_gpu_kernel(logits_ref, label_ref, loss_ref, logsumexp_
             rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
-    logsumexp_v = rt.logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
+    logsumexp_v = rt.logsumexp_finish(max_v, sum_exp_v)
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v

@@ -1706,7 +1706,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     rt.mgpu_copy_in(bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0])
     bias = rt.mgpu_load_vector(bias_smem, 1)
 
-    def reduce_1(indices, acc_smem, dz_smem, sum_m_running):
+    def reduce_1(indices, acc_smem, dz_smem, sum_m):
         start = indices[0] * block_m
         acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
@@ -1716,8 +1716,8 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
             0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
         sum_m_block = rt.mgpu_fill_past(dz_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
     dbias = plgpu.emit_pipeline(
         reduce_1,
@@ -3434,13 +3434,13 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
 def _linear_backward_over_m_mosaic_gpu_kernel(dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, dy_smem, sum_m_running):
+    def reduce_1(indices, dy_smem, sum_m):
         start = indices[0] * block_m
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
     dbias = plgpu.emit_pipeline(
         reduce_1,

@@ -127,40 +127,40 @@ def _layer_norm_mosaic_gpu_kernel(
     mu_smem, rstd_smem, mean_n_smem, y_buffers = scratch
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, mean_over_n_running):
+    def reduce_1(indices, x_smem, mean_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_n_block = rt.mgpu_fill_past(h, start, n, 1, 0.0, ragged=n % block_n)
-        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return mean_over_n_running
+        mean_n_block = rt.mgpu_fill_past(h, start, n, 1, 0.0, ragged=n % block_n)
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return mean_n_running
 
-    mean_over_n_running = plgpu.emit_pipeline(
+    mean_n_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
-    mu = mean_over_n_running / n
+    mu = mean_n_running / n
 
-    def reduce_2(indices, x_smem, mean_n_2_running):
+    def reduce_2(indices, x_smem, mean_n_2):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_n_2_block = rt.mgpu_fill_past(d * d, start, n, 1, 0.0, ragged=n % block_n)
-        mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
-        return mean_n_2_running
+        mean_n_2 = mean_n_2 + jnp.sum(mean_n_2_block, axis=1)
+        return mean_n_2
 
-    mean_n_2_running = plgpu.emit_pipeline(
+    mean_n_2 = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
-    mean_n = mean_n_2_running / n
+    mean_n = mean_n_2 / n
     rstd = jax.lax.rsqrt(mean_n + eps)
     mu_smem[...] = mu
     rstd_smem[...] = rstd
@@ -411,7 +411,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     drstd_total = drstd + sum_n
     drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
 
-    def reduce_2(indices, x_smem, w_smem, dy_smem, sum_over_n_running):
+    def reduce_2(indices, x_smem, w_smem, dy_smem, sum_n_2):
         start = indices[0] * block_n
         x, w = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1)), rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
@@ -424,9 +424,9 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        sum_over_n_block = rt.mgpu_fill_past(-dd, start, n, 1, 0.0, ragged=n % block_n)
-        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return sum_over_n_running
+        sum_n_2_block = rt.mgpu_fill_past(-dd, start, n, 1, 0.0, ragged=n % block_n)
+        sum_n_2 = sum_n_2 + jnp.sum(sum_n_2_block, axis=1)
+        return sum_n_2
 
     sum_over_n = plgpu.emit_pipeline(
         reduce_2,
@@ -454,7 +454,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
             + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        dh = dd + rt.mgpu_spread(dmu_total, (block_m, block_n), 0) / n
+        dh = dd + rt.mgpu_spread(dmu_total / n, (block_m, block_n), 0)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -658,7 +658,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def reduce_1(indices, x_smem, mu_smem, rstd_smem, dy_smem, carry):
-        sum_m_running, sum_over_m_running = carry
+        sum_m, sum_m_running = carry
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         mu = rt.mgpu_load(mu_smem, (block_m, block_n), (0,))
@@ -669,10 +669,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         y_1 = d * rstd
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dy_1 * y_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        sum_over_m_block = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
-        sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
-        return (sum_m_running, sum_over_m_running)
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        sum_m_block_2 = rt.mgpu_fill_past(dy_1, start, m, 0, 0.0, ragged=m % block_m)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block_2, axis=0)
+        return (sum_m, sum_m_running)
 
     dw, db = plgpu.emit_pipeline(
         reduce_1,
@@ -821,22 +821,22 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals,
 def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_buffers, *, block_m, block_n, n, eps):
     program_m = jax.lax.axis_index("M")
 
-    def reduce_1(indices, x_smem, mean_over_n_running):
+    def reduce_1(indices, x_smem, mean_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_over_n_block = rt.mgpu_fill_past(h * h, start, n, 1, 0.0, ragged=n % block_n)
-        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
-        return mean_over_n_running
+        mean_n_block = rt.mgpu_fill_past(h * h, start, n, 1, 0.0, ragged=n % block_n)
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return mean_n_running
 
-    mean_over_n_running = plgpu.emit_pipeline(
+    mean_n_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.bfloat16)],
         max_concurrent_steps=2,
         init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
-    mean_n = mean_over_n_running / n
+    mean_n = mean_n_running / n
     mean_n_smem[...] = mean_n
     plgpu.commit_smem()
     if mean_n_ref is not None:
@@ -849,7 +849,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w).astype(
+        y_buffers[slot] = (h * rt.mgpu_spread(jax.lax.rsqrt(mean_n + eps), (block_m, block_n), 0) * w).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -1209,7 +1209,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
 ):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, x_smem, mean_n_smem, dy_smem, sum_m_running):
+    def reduce_1(indices, x_smem, mean_n_smem, dy_smem, sum_m):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         mean_n = rt.mgpu_load(mean_n_smem, (block_m, block_n), (0,))
@@ -1220,8 +1220,8 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = rt.mgpu_fill_past(dy_1 * y_3, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
     dw = plgpu.emit_pipeline(
         reduce_1,

@@ -388,14 +388,14 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        argmax_n_running, argmax_n_index = carry
+        argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
-        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        argmax_n_max_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (argmax_n_running, argmax_n_index)
+        return (argmax_n_max, argmax_n_index)
 
     _, i = plgpu.emit_pipeline(
         reduce_1,
@@ -786,14 +786,14 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        argmax_n_running, argmax_n_index = carry
+        argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -2147483648, ragged=n % block_n)
-        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        argmax_n_max_block = rt.mgpu_fill_past(x, start, n, 1, -2147483648, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (argmax_n_running, argmax_n_index)
+        return (argmax_n_max, argmax_n_index)
 
     _, i = plgpu.emit_pipeline(
         reduce_1,
@@ -1167,14 +1167,14 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        argmax_n_running, argmax_n_index = carry
+        argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = rt.mgpu_fill_past(x.astype(jnp.int32), start, n, 1, -2147483648, ragged=n % block_n)
-        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        argmax_n_max_block = rt.mgpu_fill_past(x.astype(jnp.int32), start, n, 1, -2147483648, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (argmax_n_running, argmax_n_index)
+        return (argmax_n_max, argmax_n_index)
 
     _, i = plgpu.emit_pipeline(
         reduce_1,

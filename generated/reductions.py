@@ -79,14 +79,14 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        argmax_n_running, argmax_n_index = carry
+        argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
-        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        argmax_n_max_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (argmax_n_running, argmax_n_index)
+        return (argmax_n_max, argmax_n_index)
 
     _, i = plgpu.emit_pipeline(
         reduce_1,
@@ -298,14 +298,14 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        argmin_n_running, argmin_n_index = carry
+        argmin_n_min, argmin_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmin_n_block = rt.mgpu_fill_past(x, start, n, 1, jnp.inf, ragged=n % block_n)
-        argmin_n_running, argmin_n_index = rt.mgpu_argbest_step(
-            argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
+        argmin_n_min_block = rt.mgpu_fill_past(x, start, n, 1, jnp.inf, ragged=n % block_n)
+        argmin_n_min, argmin_n_index = rt.mgpu_argbest_step(
+            argmin_n_min, argmin_n_index, argmin_n_min_block, start, 1, largest=False
         )
-        return (argmin_n_running, argmin_n_index)
+        return (argmin_n_min, argmin_n_index)
 
     _, i = plgpu.emit_pipeline(
         reduce_1,
@@ -425,21 +425,20 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
 def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
-    def reduce_1(indices, x_smem, sum_m_running):
+    def reduce_1(indices, x_smem, sum_m):
         start = indices[0] * block_m
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         sum_m_block = rt.mgpu_fill_past(x, start, m, 0, 0.0, ragged=m % block_m)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return sum_m_running
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0)
+        return sum_m
 
-    sum_m = plgpu.emit_pipeline(
+    s = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (s, program_n), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
     )(x_ref)
-    s = sum_m
     s_smem[...] = s
     rt.mgpu_copy_out((s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)]))
 
@@ -686,16 +685,16 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
+        max_n_running, argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_over_n_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
-        max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
-        argmax_over_n_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
-        argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
-            argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
+        max_n_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        argmax_n_max_block = rt.mgpu_fill_past(jnp.abs(x), start, n, 1, -jnp.inf, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
+        return (max_n_running, argmax_n_max, argmax_n_index)
 
     max_n, _, argmax_n = plgpu.emit_pipeline(
         reduce_1,

@@ -121,43 +121,38 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref,
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
+        max_n_running, sum_exp_n, argmax_n_max, argmax_n_index = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
-        max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
-        argmax_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
-        argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
-            argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
+        max_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        max_n_running_previous = max_n_running
+        max_n_running_new = jnp.maximum(max_n_running_previous, jnp.max(max_n_block, axis=1))
+        # a row of -inf so far subtracts 0
+        max_n_running_shift_vector = jnp.where(max_n_running_new > -jnp.inf, max_n_running_new, 0.0)
+        max_n_running_shift = rt.mgpu_spread(max_n_running_shift_vector, max_n_block.shape, 0)
+        # what the terms so far are worth now
+        max_n_running_rescale = rt.mgpu_exp(max_n_running_previous - max_n_running_shift_vector)
+        max_n_running = max_n_running_new
+        sum_exp_n_terms = rt.mgpu_exp(x - max_n_running_shift)
+        sum_exp_n_block = rt.mgpu_fill_past(sum_exp_n_terms, start, n, 1, 0.0, ragged=n % block_n)
+        sum_exp_n = max_n_running_rescale * sum_exp_n + jnp.sum(sum_exp_n_block, axis=1)
+        argmax_n_max_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        argmax_n_max, argmax_n_index = rt.mgpu_argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_max_block, start, 1, largest=True
         )
-        return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
+        return (max_n_running, sum_exp_n, argmax_n_max, argmax_n_index)
 
-    max_n, _, argmax_n = plgpu.emit_pipeline(
+    max_n, sum_n, _, argmax_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
             rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
             rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
-    )(x_ref)
-
-    def reduce_2(indices, x_smem, sum_over_n_running):
-        start = indices[0] * block_n
-        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_over_n_block = rt.mgpu_fill_past(e, start, n, 1, 0.0, ragged=n % block_n)
-        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return sum_over_n_running
-
-    sum_n = plgpu.emit_pipeline(
-        reduce_2,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
-        max_concurrent_steps=2,
-        init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref)
     sum_n_smem[...] = sum_n
     argmax_n_smem[...] = argmax_n
@@ -350,21 +345,16 @@ def _softmax_backward_mosaic_gpu_kernel(
     rt.mgpu_copy_in(max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2])
     max_n = rt.mgpu_load_vector(max_n_smem, 0)
 
-    def reduce_1(indices, x_smem, dy_smem, sum_over_n_running):
+    def reduce_1(indices, x_smem, dy_smem, sum_n_running):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_over_n_block = rt.mgpu_fill_past(
-            -dy * e / (rt.mgpu_spread(sum_n, (block_m, block_n), 0) * rt.mgpu_spread(sum_n, (block_m, block_n), 0)),
-            start,
-            n,
-            1,
-            0.0,
-            ragged=n % block_n,
+        sum_n_block = rt.mgpu_fill_past(
+            -dy * e / rt.mgpu_spread(sum_n * sum_n, (block_m, block_n), 0), start, n, 1, 0.0, ragged=n % block_n
         )
-        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
-        return sum_over_n_running
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return sum_n_running
 
     sum_over_n = plgpu.emit_pipeline(
         reduce_1,
@@ -374,16 +364,16 @@ def _softmax_backward_mosaic_gpu_kernel(
         init_carry=rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
     )(x_ref, dy_ref)
 
-    def reduce_2(indices, x_smem, dy_smem, sum_n_2_running):
+    def reduce_2(indices, x_smem, dy_smem, sum_n_3):
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = rt.mgpu_exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(sum_over_n, (block_m, block_n), 0)
         de_1 = de * e
-        sum_n_2_block = rt.mgpu_fill_past(-de_1, start, n, 1, 0.0, ragged=n % block_n)
-        sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
-        return sum_n_2_running
+        sum_n_3_block = rt.mgpu_fill_past(-de_1, start, n, 1, 0.0, ragged=n % block_n)
+        sum_n_3 = sum_n_3 + jnp.sum(sum_n_3_block, axis=1)
+        return sum_n_3
 
     sum_n_2 = plgpu.emit_pipeline(
         reduce_2,
@@ -557,23 +547,29 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, logsumexp_n_ref, logsumexp_n_sm
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        logsumexp_over_n_running, logsumexp_over_n_index = carry
+        max_n, sum_exp_n = carry
         start = indices[0] * block_n
         x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        logsumexp_over_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
-        logsumexp_over_n_running, logsumexp_over_n_index = rt.mgpu_logsumexp_step(
-            logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
-        )
-        return (logsumexp_over_n_running, logsumexp_over_n_index)
+        max_n_block = rt.mgpu_fill_past(x, start, n, 1, -jnp.inf, ragged=n % block_n)
+        max_n_previous = max_n
+        max_n_new = jnp.maximum(max_n_previous, jnp.max(max_n_block, axis=1))
+        max_n_shift_vector = jnp.where(max_n_new > -jnp.inf, max_n_new, 0.0)  # a row of -inf so far subtracts 0
+        max_n_shift = rt.mgpu_spread(max_n_shift_vector, max_n_block.shape, 0)
+        max_n_rescale = rt.mgpu_exp(max_n_previous - max_n_shift_vector)  # what the terms so far are worth now
+        max_n = max_n_new
+        sum_exp_n_terms = rt.mgpu_exp(x - max_n_shift)
+        sum_exp_n_block = rt.mgpu_fill_past(sum_exp_n_terms, start, n, 1, 0.0, ragged=n % block_n)
+        sum_exp_n = max_n_rescale * sum_exp_n + jnp.sum(sum_exp_n_block, axis=1)
+        return (max_n, sum_exp_n)
 
-    logsumexp_over_n_running, logsumexp_over_n_index = plgpu.emit_pipeline(
+    max_n, sum_exp_n = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[rt.mgpu_spec((block_m, block_n), lambda s: (program_m, s), jnp.float32)],
         max_concurrent_steps=2,
         init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0), rt.mgpu_full(block_m, 0.0, jnp.float32, 0)),
     )(x_ref)
-    logsumexp_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
+    logsumexp_n = rt.logsumexp_finish(max_n, sum_exp_n)
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
     if logsumexp_n_ref is not None:

@@ -71,7 +71,7 @@ FEATURES = {
     ),
     "logsumexp": (
         "in x: f32[M, N]\nout y: f32[M]\ny = logsumexp(x, N)\nblock M = 8",
-        {"logsumexp", "mgpu_logsumexp_step"},
+        {"logsumexp", "logsumexp_finish", "mgpu_exp"},
         {"M": 10, "N": 37},
     ),
     "logsumexp-over-steps": (

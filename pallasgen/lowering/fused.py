@@ -239,7 +239,8 @@ class FusedLowering:
         """(value, load) of the inputs the statements and roots read (not under nodes in `skip`)."""
         roots = [*(s.value for s in statements), *extra_roots]
         used = {n.id for root in roots for n in walk_outside(root, skip) if isinstance(n, ir.Name)}
-        return [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
+        loads = [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
+        return [(value, load) for value, load in loads if load is not None]  # None: a value in scope
 
     def _store_all(self, statements, emitter, store) -> list[str]:
         kernel, lowered = self.checked.kernel, self.lowered
@@ -384,7 +385,11 @@ class FusedLowering:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
         base = f"{base}_{self.checked.sweep.dim.lower()}"
         parts = running_parts(carry.kind) if carry.kind in FUNCTIONS else (None,)  # not dot, expsum
-        return [self.namer.claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
+        return [self._claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
+
+    def _claim(self, wanted: str) -> str:
+        """A running value's name."""
+        return self.namer.claim(wanted)
 
     def _suffix(self) -> str:
         return "_ref" if isinstance(self.placement, RefPlacement) else ""

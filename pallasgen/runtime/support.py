@@ -549,14 +549,6 @@ def mgpu_sqrt(x):
     return jnp.where(wide == 0, wide, jnp.where(wide == jnp.inf, wide, y)).astype(dtype)
 
 
-def mgpu_logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * mgpu_exp(top - shift) + jnp.sum(mgpu_exp(x - mgpu_spread(shift, x.shape, 1 - axis)), axis=axis)
-    return new_top, total
-
-
 def mgpu_argbest_step(best, index, x, start, axis, largest):
     """The running (value, first index) of the largest (or smallest) value along `axis`
     after one more block `x` whose positions there start at `start`."""

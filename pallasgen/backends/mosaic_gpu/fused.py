@@ -135,9 +135,9 @@ def spread_code(vector_axes, tile_axes, extents) -> str | None:
 class _Lowering(FusedLowering):
     """lowering.fused's body with Mosaic GPU's vectors and wgmma products."""
 
-    def __init__(self, planner, *args, **kwargs):
+    def __init__(self, planner, *args, running_suffix=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.planner = planner
+        self.planner, self.running_suffix = planner, running_suffix
         self.vector_axes: dict[str, int] = {}  # a running vector's name: its axis in the tile
 
     # -- products ----------------------------------------------------------------------
@@ -208,9 +208,15 @@ class _Lowering(FusedLowering):
                 stack += [v for v in (product.lhs, product.rhs) if not self.direct(v, dtype)]
                 continue
             stack += _children(node)
-        return [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
+        loads = [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
+        return [(value, load) for value, load in loads if load is not None]  # None: a value in scope
 
     # -- running values ----------------------------------------------------------------
+
+    def _claim(self, wanted: str) -> str:
+        """A running value's name: `sum_n`, or (`running_suffix`) `sum_n_running` where the
+        kernel has a `sum_n` (a reduction's result that its pass computes, `sweeps`)."""
+        return self.namer.claim(wanted, *([f"{wanted}_running"] if self.running_suffix else []))
 
     def carry_axes(self, carry: Carry) -> tuple:
         """A carry's tile axes once the pass is done (the swept one gone)."""
@@ -240,7 +246,7 @@ class _Lowering(FusedLowering):
         dim = self.checked.sweep.dim
         axis = self._axis(carry.value, dim)
         dtype = self._value_dtype(carry)
-        block = self.namer.claim(f"{name}_block")
+        block = self.namer.claim(f"{name.removesuffix('_running')}_block")
         value = emitter.cast(carry.value, compute_dtype("max", dtype).name)
         lines = self._masked(block, value, carry.value, identity("max", dtype))
         top = f"jnp.max({block}, axis={axis})"
@@ -268,7 +274,7 @@ class _Lowering(FusedLowering):
             lines, term = self.product(carry.node, emitter, masked=True, acc=name)
             return rescaled + lines + [f"{name} = {term}"]
         axis = self._axis(carry.value, dim)
-        block = self.namer.claim(f"{name}_block")
+        block = self.namer.claim(f"{name.removesuffix('_running')}_block")
         if carry.kind == "expsum":
             lines = self._masked(block, self.terms[carry.key], carry.value, "0.0")
             return lines + [f"{name} = {scale} * {name} + jnp.sum({block}, axis={axis})"]
@@ -278,6 +284,10 @@ class _Lowering(FusedLowering):
         reducer = FUNCTIONS[kind].reducer
         if scale:
             return lines + [f"{name} = {scale} * {name} + jnp.sum({block}, axis={axis})"]
+        if reducer.merge is None:  # argmax, argmin: the best value and its first position
+            largest = kind == "argmax"
+            best = f"rt.mgpu_argbest_step({', '.join(names)}, {block}, {self.start}, {axis}, largest={largest})"
+            return lines + [f"{', '.join(names)} = {best}"]
         return lines + [f"{name} = {reducer.merge.format(name, f'jnp.{reducer.block}({block}, axis={axis})')}"]
 
     def _scale_axis(self, carry: Carry, axes) -> int:
@@ -300,7 +310,7 @@ class _Lowering(FusedLowering):
             for op, factor in carry.factors:
                 if isinstance(factor, Carry):
                     value = f"{value} {op} {self._fitted(finals[factor.key], self.carry_axes(factor), carry)}"
-            if value == read[0] and all(isinstance(f, Carry) for _, f in carry.factors):
+            if value in read and all(isinstance(f, Carry) for _, f in carry.factors):
                 finals[carry.key] = value  # a carried value that is final as it is: no copy
                 continue
             finals[carry.key] = self.namer.claim(read[0])

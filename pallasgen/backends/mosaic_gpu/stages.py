@@ -87,11 +87,15 @@ def _scalar_kernels(checked: CheckedKernel) -> list[ir.Kernel]:
             break
         decls = [names.array(f"{c.func}_{c.args[1].id.lower()}", checked.types[c], c.position) for c in inner]
         name = _stage_name(kernel, len(found) + 1)
-        found.append(_kernel(kernel, name, tuple(names.inputs), decls, body, {d.name: c for d, c in zip(decls, inner)}))
+        found.append(
+            stage_kernel(kernel, name, tuple(names.inputs), decls, body, {d.name: c for d, c in zip(decls, inner)})
+        )
         mapping = {c: ir.Name(d.name, c.position) for d, c in zip(decls, inner)}
         body = tuple(dataclasses.replace(s, value=substitute(s.value, mapping)) for s in body)
         names.inputs += decls
-    found.append(_kernel(kernel, _stage_name(kernel, len(found) + 1), tuple(names.inputs), kernel.outputs, body, {}))
+    found.append(
+        stage_kernel(kernel, _stage_name(kernel, len(found) + 1), tuple(names.inputs), kernel.outputs, body, {})
+    )
     return found
 
 
@@ -107,7 +111,7 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     found: list[ir.Kernel] = []
     apart = [o for o in kernel.outputs if not _reads(kernel, o.name, product)]
     if apart:  # outputs the product does not reach (a bias's cotangent beside dy): a kernel first
-        found.append(_kernel(kernel, _stage_name(kernel, 1), kernel.inputs, apart, kernel.body, {}))
+        found.append(stage_kernel(kernel, _stage_name(kernel, 1), kernel.inputs, apart, kernel.body, {}))
     sides = {}
     for side in ("left", "right"):
         value, transposed = product_operand(getattr(product, side))
@@ -125,13 +129,13 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     body = tuple(dataclasses.replace(s, value=substitute(s.value, {product: rest})) for s in kernel.body)
     inputs = tuple(names.inputs)
     outputs = tuple(o for o in kernel.outputs if o not in apart)
-    final = _kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, outputs, body, {})
+    final = stage_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, outputs, body, {})
     if is_fused(final):  # the product's result is reduced: written out first
         decl = names.array("acc", checked.types[product], product.position)
-        found.append(_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, (decl,), (), {decl.name: rest}))
+        found.append(stage_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, (decl,), (), {decl.name: rest}))
         read = ir.Name(decl.name, product.position)
         body = tuple(dataclasses.replace(s, value=_softmax_spelled(substitute(s.value, {rest: read}))) for s in body)
-        final = _kernel(kernel, _stage_name(kernel, len(found) + 1), (*inputs, decl), outputs, body, {})
+        final = stage_kernel(kernel, _stage_name(kernel, len(found) + 1), (*inputs, decl), outputs, body, {})
     found.append(final)
     return found
 
@@ -147,7 +151,7 @@ def _operand_kernel(kernel: ir.Kernel, name: str, array: str, value_type, value:
     for order, reads_transposed in orders:
         at = value.position
         decl = ir.ArrayDecl(array, value_type.dtype.name, order, at, at, (at,) * len(order))
-        stage = _kernel(kernel, name, kernel.inputs, (decl,), kernel.body, {array: value})
+        stage = stage_kernel(kernel, name, kernel.inputs, (decl,), kernel.body, {array: value})
         if not check_kernel(stage)[1]:
             break
     return stage, decl, reads_transposed
@@ -186,7 +190,7 @@ class _Names:
         return ir.ArrayDecl(name, value_type.dtype.name, dims, position, position, (position,) * len(dims))
 
 
-def _kernel(kernel: ir.Kernel, name: str, inputs, outputs, body, assigned: dict[str, ir.Expr]) -> ir.Kernel:
+def stage_kernel(kernel: ir.Kernel, name: str, inputs, outputs, body, assigned: dict[str, ir.Expr]) -> ir.Kernel:
     """A stage: `outputs` from `body`'s statements (and `assigned`: output -> value), with
     the lets, inputs and params they read, in the kernel's order."""
     statements = [s for s in body if not isinstance(s, ir.Assign) or s.target in {o.name for o in outputs}]

@@ -4,14 +4,18 @@ A kernel laid out over [M, N] that reduces one of them (its *swept* dimension) r
 program per block of the other (its *kept* one): blocks are 64 rows (the WGMMA
 layout's row tile) by a block of columns. Its reductions are computed in passes over
 the swept dimension, one TMA pipeline (`plgpu.emit_pipeline`) each whose carry holds
-the running values of each kept position: a pass takes the reductions whose
-arguments read only the results of earlier passes (softmax: its max, then its sum of
-exponentials; layer_norm: its mean, then its variance). Values of the kept dimension
-alone are vectors in the WGMMA layout's row (or column) layout, broadcast over a
-block where a block reads them. Once the passes are done, those outputs are computed
-and copied out through shared memory; the [M, N] outputs are computed in one more
-pass, each block copied out as it is done (two buffers in shared memory, one in
-flight while the next is written).
+the running values of each kept position. A pass is a kernel of its own, as a spec
+would write it, whose reductions over the swept dimension (blocked) are carried state
+(analysis.carries) written by lowering.fused, as the TPU's and Triton's kernels are; the
+reductions of earlier passes are its inputs. A reduction that reads another (`Passes`:
+its level) is in a later pass, unless one pass can carry both (softmax's max and its
+sum of exp(x - max), rescaled as the max grows); layer_norm's variance, which needs the
+finished mean, is not. Values of the kept dimension alone are vectors in the WGMMA
+layout's row (or column) layout, spread over a block where a block reads them; values
+of the swept dimension alone are loaded spread over the block. Once the passes are done,
+the kept outputs are computed and copied out through shared memory; the [M, N] outputs
+are computed in one more pass (its kernel has no reductions), each block copied out as
+it is done (two buffers in shared memory, one in flight while the next is written).
 
 Ragged edges are exact: the launcher pads the arrays with zeros to whole blocks, and
 where the swept dimension is not a multiple of its block a reduction's padded
@@ -21,9 +25,15 @@ computed and sliced off).
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
+from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.names import block_keyword
+from pallasgen.analysis.names import Namer, block_keyword
+from pallasgen.backends.mosaic_gpu.fused import _Lowering, _SpreadingEmitter, _Spelling
+from pallasgen.backends.mosaic_gpu.stages import stage_kernel
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
     SMEM_BUDGET,
@@ -33,9 +43,12 @@ from pallasgen.backends.mosaic_gpu.support import (
     spec_list,
 )
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, saved_only, tuple_code, unpacked_results
+from pallasgen.gradients.reverse import substitute
+from pallasgen.lowering.fused import Placement
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import saved_only, tuple_code, unpacked_results
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
-from pallasgen.lowering.reductions import accumulators, compute_dtype, finish_code, identity, reduced_dim
+from pallasgen.lowering.reductions import reduced_dim
 
 ROWS = 64  # the WGMMA layout's row tile: a program's rows
 COLUMNS = (128, 64, 32)  # a pass's block of columns: the widest that fits SMEM_BUDGET
@@ -79,23 +92,6 @@ def _children(node: ir.Expr) -> tuple[ir.Expr, ...]:
     return getattr(node, "args", ())
 
 
-class _Spelling:
-    """index(), size() and round() in a block of a pass (reductions never reach it: each
-    is computed by its pass, then read as a value)."""
-
-    def __init__(self, sizes: dict[str, str], start: str, shape: str, axis: int):
-        self.sizes, self.start, self.shape, self.axis = sizes, start, shape, axis
-
-    def positions(self, dim: str) -> str:
-        return f"rt.mgpu_positions({self.start}, {self.shape}, {self.axis})"
-
-    def size(self, dim: str) -> str:
-        return self.sizes[dim]
-
-    def rounded(self, value: str) -> str:
-        return f"jnp.round({value})"
-
-
 def column_block(kernel: ir.Kernel, columns: str) -> int:
     """The widest block of columns whose pipelined blocks fit SMEM_BUDGET: each input's
     blocks in flight and two buffers per [M, N] output (PIPELINE_STAGES of each)."""
@@ -121,12 +117,24 @@ class SweepPlanner:
         self.arrays = {d.name: d for d in (*self.kernel.inputs, *self.kernel.outputs)}
         self.shape = tuple_code([block_keyword(self.rows), block_keyword(self.columns)])
         self.start, self.indices, self.carry = (self.namer.claim(x) for x in ("start", "indices", "carry"))
-        self.results = {
-            node: self.namer.claim(
-                f"{node.func}_{reduced_dim(node).lower()}", f"{node.func}_over_{reduced_dim(node).lower()}"
-            )
-            for node in self.passes
-        }
+
+        # A reduction whose value a kept statement is, exactly, is that statement's value:
+        # its pass computes it under that name. Others get names of their own.
+        exact: dict[ir.Expr, str] = {}
+        for name, statement in self.statements.items():
+            if self.is_kept(name) and statement.value in self.passes:
+                exact.setdefault(statement.value, name)
+        spec_names = Namer([*self.arrays, *(p.name for p in self.kernel.params), *self.statements])
+        self.specs: dict[ir.Expr, str] = {}  # each reduction's name in the kernels of the passes
+        self.results: dict[ir.Expr, str] = {}  # its Python name
+        for node in self.passes:
+            dim = reduced_dim(node).lower()
+            if node in exact:
+                self.specs[node], self.results[node] = exact[node], self.values[exact[node]]
+            else:
+                self.specs[node] = spec_names.claim(f"{node.func}_{dim}")
+                self.results[node] = self.namer.claim(f"{node.func}_{dim}", f"{node.func}_over_{dim}")
+        self.program = self.namer.claim(f"program_{self.kept.lower()}")
 
     def is_kept(self, name: str) -> bool:
         """Whether a value (input, let or output) is a vector of the kept dimension: it
@@ -134,46 +142,112 @@ class SweepPlanner:
         dims = self.arrays[name].dims if name in self.arrays else self.checked.types[self.statements[name].value].dims
         return self.swept not in dims and self.kept in dims
 
-    def spread(self, vector: str) -> str:
-        """A vector of the kept dimension broadcast over a block."""
-        return f"rt.mgpu_spread({vector}, {self.shape}, {1 - self.axis})"
+    def _kept_decl(self, name: str) -> ir.ArrayDecl:
+        """A kept value (let or output) as an input of a pass's kernel: computed before it."""
+        statement = self.statements[name]
+        dtype = self.arrays[name].dtype if name in self.arrays else self.checked.types[statement.value].dtype.name
+        at = statement.value.position
+        return ir.ArrayDecl(name, dtype, (self.kept,), at, at, (at,))
 
-    def emitter(self, in_block: bool) -> Emitter:
-        """Expressions in a block of a pass (`in_block`: vectors of the kept dimension
-        broadcast over it), or per kept position once passes are done."""
-        names = dict(self.lowered.names)
-        if in_block:
-            names |= {n: self.spread(names[n]) for n in self.arrays | self.statements if self.is_kept(n)}
-        overrides = {node: self.spread(result) if in_block else result for node, result in self.results.items()}
-        lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
-        spelling = _Spelling(self.sizes, self.start, self.shape, self.axis)
-        return Emitter(names, self.checked.types, overrides, spelling=spelling, lets=lets, **EMITTER_OPTIONS)
+    def _result_decl(self, node: ir.Expr) -> ir.ArrayDecl:
+        at = node.position
+        return ir.ArrayDecl(self.specs[node], self.checked.types[node].dtype.name, (self.kept,), at, at, (at,))
 
-    def block_reads(self, roots) -> tuple[list[ir.ArrayDecl], list[ir.Let]]:
-        """The inputs and lets of blocks that computing `roots` in a block reads, in order
-        (not those inside reductions: their results are read)."""
-        names: set[str] = set()
-        pending = list(roots)
-        while pending:
-            node = pending.pop()
-            if node in self.passes:
-                continue
-            known = isinstance(node, ir.Name) and (node.id in self.arrays or node.id in self.statements)
-            if known and not self.is_kept(node.id) and node.id not in names:
-                names.add(node.id)
-                if node.id in self.statements:
-                    pending.append(self.statements[node.id].value)
-            pending.extend(_children(node))
-        inputs = [d for d in self.kernel.inputs if d.name in names]
-        lets = [s for s in self.kernel.body if isinstance(s, ir.Let) and s.name in names]
-        return inputs, lets
+    def _pass_kernel(self, number: int, outputs, assigned: dict[str, ir.Expr], swept: bool) -> CheckedKernel | None:
+        """The kernel of a pass that starts after level `number - 1` (`Passes`; after the
+        last: the output pass), as a spec would write it: the reductions of earlier levels
+        and the kept values computed before it are inputs (vectors of the kept dimension),
+        the block's lets its own; `swept`: its dimension blocked, so that its reductions are
+        carried over its blocks. None where that kernel fails a check (it reads what it has not)."""
+        earlier = {n: ir.Name(self.specs[n], n.position) for n, level in self.passes.items() if level < number}
+        kept = [n for n in self.statements if self.is_kept(n) and self.levels.statements[n] < number]
+        results = [self._result_decl(n) for n in earlier if self.specs[n] not in self.statements]
+        # The block's lets; one that reads a value this pass computes by its name reads it
+        # as written (a pass's kernel reads its results after the pass).
+        lets = []
+        for statement in self.kernel.body:
+            if isinstance(statement, ir.Let) and not self.is_kept(statement.name):
+                named = [n for n in ir.walk(statement.value) if isinstance(n, ir.Name) and n.id in assigned]
+                value = substitute(statement.value, {n: assigned[n.id] for n in named})
+                lets.append(dataclasses.replace(statement, value=substitute(value, earlier)))
+        body = [
+            *lets,
+            *(ir.Assign(name, substitute(value, earlier), value.position) for name, value in assigned.items()),
+        ]
+        inputs = (*self.kernel.inputs, *(self._kept_decl(n) for n in kept), *results)
+        kernel = stage_kernel(self.kernel, f"{self.kernel.name}_pass_{number}", inputs, outputs, body, {})
+        at = self.kernel.position
+        blocks = (ir.BlockSize(self.swept, ROWS, at, at),) if swept else ()
+        checked, problems = check_kernel(dataclasses.replace(kernel, blocks=blocks))
+        return None if problems else checked
+
+    def _reductions_kernel(self, first: int, last: int) -> CheckedKernel | None:
+        """The kernel of one pass that computes the reductions of levels `first` to `last`:
+        a later one carried online where it reads an earlier one (softmax's sum of
+        exp(x - max), rescaled as the max grows: analysis.carries)."""
+        nodes = [n for n, level in self.passes.items() if first <= level <= last]
+        outputs = [self._result_decl(n) for n in nodes]
+        return self._pass_kernel(first, outputs, {self.specs[n]: n for n in nodes}, True)
+
+    def _pass_levels(self) -> list[tuple[int, int]]:
+        """The passes, each the (first, last) of the levels it computes: as many levels in
+        one pass as analysis.carries carries together."""
+        found, first = [], 1
+        while first <= self.levels.count:
+            last = first
+            while last < self.levels.count and self._reductions_kernel(first, last + 1) is not None:
+                last += 1
+            found.append((first, last))
+            first = last + 1
+        return found
+
+    def _lowering(self, checked: CheckedKernel) -> _Lowering:
+        """lowering.fused's writer of a pass's kernel, in this kernel's names."""
+        values = {**self.values, **{self.specs[n]: self.results[n] for n in self.passes}}
+        names = {**self.lowered.names, **values}
+        lowered = LoweredKernel(checked, self.namer, values, self.sizes, self.refs, names, "", (), ())
+        extents = {d: block_keyword(d) for d in (self.rows, self.columns)}
+        starts = {self.swept: self.start, self.kept: f"{self.program} * {block_keyword(self.kept)}"}
+        spelling = _Positions(checked.frame, self.sizes, extents, starts, self.shape)
+        lets = {s.name: s.value for s in checked.kernel.body if isinstance(s, ir.Let)}
+        running = set(checked.sweep.running) if checked.sweep else set()
+        # Values along the swept dimension alone are blocks: such an input is loaded spread
+        # over the block, index() is the block's positions (`_Positions`).
+        tile = (self.rows, self.columns)
+        swept = tuple(d if d == self.swept else None for d in tile)
+        frame = {node: tile if axes == swept else axes for node, axes in checked.frame.frame.items()}
+
+        def emitter_for(overrides):
+            return _SpreadingEmitter(
+                names,
+                checked.types,
+                overrides,
+                spelling=spelling,
+                lets=lets,
+                frame=frame,
+                extents=extents,
+                tiles=running,
+                **EMITTER_OPTIONS,
+            )
+
+        placement = Placement()
+        return _Lowering(
+            None, lowered, self.namer, spelling, extents, placement, emitter_for, self._load, running_suffix=True
+        )
+
+    def _load(self, decl: ir.ArrayDecl) -> str | None:
+        """A block of an input along the swept dimension, one along it alone spread over the
+        block (None: a value in scope already)."""
+        if decl.name not in self.arrays or self.swept not in decl.dims:
+            return None
+        positions = "(0, 1)" if len(decl.dims) == 2 else f"({self.axis},)"
+        return f"rt.mgpu_load({self.base.smem[decl.name]}, {self.shape}, {positions})"
 
     def plan(self, columns: int):
         kernel, rows, cols = self.kernel, self.rows, self.columns
         base = self.base
         base.out_dims = (rows, cols)
-        kept, swept = self.kept, self.swept
-        program = self.namer.claim(f"program_{kept.lower()}")
+        kept, swept, program = self.kept, self.swept, self.program
         blocks = {rows: ROWS, cols: columns}
         multiples = {rows: block_keyword(rows), cols: block_keyword(cols)}
         kept_inputs = [d for d in kernel.inputs if self.is_kept(d.name)]
@@ -193,9 +267,10 @@ class SweepPlanner:
                 f"{self.values[decl.name]} = rt.mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._kept_statements(0)
-        for number in range(1, self.levels.count + 1):
-            body += self._reduction_pass(number, program, steps)
-            body += self._kept_statements(number)
+        for number, (first, last) in enumerate(self._pass_levels(), 1):
+            body += self._reduction_pass(number, first, last, steps)
+            for level in range(first, last + 1):
+                body += self._kept_statements(level)
         for decl in kept_outputs:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
         copies = [(self.refs[d.name], smem[d.name], f"{self.refs[d.name]}.at[{kept_at}]") for d in kept_outputs]
@@ -206,7 +281,7 @@ class SweepPlanner:
                 for ref, tile, at in copies:
                     copy = f"plgpu.copy_smem_to_gmem({tile}, {at})"
                     body.append(saved_only(ref, copy) if ref in residuals else copy)
-            body += self._output_pass(block_outputs, out_smem, program, steps)
+            body += self._output_pass(block_outputs, out_smem, steps)
             body.append("plgpu.wait_smem_to_gmem(0)")
         else:
             body += copy_out(copies, residuals)
@@ -249,97 +324,77 @@ class SweepPlanner:
         )
         return base.finish((refs, scratch_refs, keywords), body, base.launcher(blocks, multiples, reshapes, call))
 
-    def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
+    def _block_spec(self, decl: ir.ArrayDecl) -> str:
         cols = block_keyword(self.columns)
         if len(decl.dims) == 2:
-            index = f"({program}, s)" if self.axis == 1 else f"(s, {program})"
+            index = f"({self.program}, s)" if self.axis == 1 else f"(s, {self.program})"
             return f"rt.mgpu_spec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, {jnp_dtype(decl.dtype)})"
         return f"plgpu.BlockSpec(({block_keyword(self.swept)},), lambda s: (s,))"
 
-    def _block_loads(self, inputs) -> list[str]:
-        positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
-        return assigned_together(
-            [
-                (self.values[d.name], f"rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})")
-                for d in inputs
-            ]
-        )
-
-    def _pipeline(self, step: str, inputs, program: str, steps: str, carry: str | None) -> list[str]:
+    def _pipeline(self, step: str, inputs, steps: str, carry: str | None) -> list[str]:
         return [
             "plgpu.emit_pipeline(",
             f"    {step},",
             f"    grid=({steps},),",
-            f"    in_specs={spec_list(self._block_spec(d, program) for d in inputs)},",
+            f"    in_specs={spec_list(self._block_spec(d) for d in inputs)},",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             *([f"    init_carry={carry},"] if carry else []),
             f")({', '.join(self.refs[d.name] for d in inputs)})",
         ]
 
-    def _reduction_pass(self, number: int, program: str, steps: str) -> list[str]:
-        """The pipeline that computes the reductions of pass `number`, and their results."""
-        nodes = [n for n, p in self.passes.items() if p == number]
-        inputs, lets = self.block_reads([n.args[0] for n in nodes])
-        emitter = self.emitter(in_block=True)
-        size = self.sizes[self.swept]
-        running, initial, update, results = [], [], [], []
-        for node in nodes:
-            kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
-            computed = compute_dtype(kind, dtype)
-            result = self.results[node]
-            accs = accumulators(kind, dtype, [f"{result}_{part}" for part in ("running", "index")])
-            names = [a.name for a in accs]
-            running += names
-            initial += [
-                f"rt.mgpu_full({block_keyword(self.kept)}, {a.initial}, {a.dtype}, {1 - self.axis})" for a in accs
-            ]
-            block = f"{result}_block"
-            value, ragged = emitter.cast(node.args[0], computed.name), f"{size} % {block_keyword(self.swept)}"
-            update += [
-                f"{block} = rt.mgpu_fill_past({value}, {self.start}, {size}, {self.axis}, {identity(kind, dtype)}, ragged={ragged})",
-                f"{', '.join(names)} = {self._combined(kind, names, block)}",
-            ]
-            results.append((result, finish_code(kind, names, dtype, size)))
+    def _streamed(self, checked: CheckedKernel) -> list[ir.ArrayDecl]:
+        """The inputs a pass's kernel reads block by block."""
+        return [d for d in checked.kernel.inputs if d.name in self.arrays and self.swept in d.dims]
+
+    def _reduction_pass(self, number: int, first: int, last: int, steps: str) -> list[str]:
+        """Pass `number`: the pipeline that computes the reductions of levels `first` to
+        `last`, carried over the swept dimension's blocks (lowering.fused), and their results."""
+        checked = self._reductions_kernel(first, last)
+        lowering = self._lowering(checked)
+        values = lowering.lowered.values
+        ragged = f"{self.sizes[self.swept]} % {block_keyword(self.swept)}"
+        code = lowering.swept(lambda decl, value: f"{values[decl.name]} = {value}", self.start, ragged)
+        running = [r.name for r in code.running]
+        initial = [
+            f"rt.mgpu_full({block_keyword(r.dims[0])}, {r.initial}, {r.dtype}, {lowering.vector_axes[r.name]})"
+            for r in code.running
+        ]
         step = self.namer.claim(f"reduce_{number}")
-        outer, finished = unpacked_results(running, results)
         if len(running) == 1:  # the carry is the one running value itself
-            carried, unpack, initial_carry, outer = running[0], [], initial[0], outer.rstrip(",")
+            carried, unpack, initial_carry = running[0], [], initial[0]
         else:
             carried, initial_carry = tuple_code(running), tuple_code(initial)
-            unpack = [f"    {carried} = {self.carry}"]
-        pipeline = self._pipeline(step, inputs, program, steps, initial_carry)
+            unpack = [f"    {', '.join(running)} = {self.carry}"]
+        inputs = self._streamed(checked)
+        pipeline = self._pipeline(step, inputs, steps, initial_carry)
         parameter = running[0] if len(running) == 1 else self.carry
+        outer, finish = unpacked_results(running, [line.split(" = ", 1) for line in _passed_on(list(code.finish))])
         return [
+            *code.before,
             f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs), parameter])}):",
             *unpack,
             f"    {self.start} = {self.indices}[0] * {block_keyword(self.swept)}",
-            *(f"    {line}" for line in self._block_loads(inputs)),
-            *(f"    {self.values[s.name]} = {emitter.emit(s.value)}" for s in lets),
-            *(f"    {line}" for line in update),
+            *(f"    {line}" for line in code.step),
             f"    return {carried}",
             "",
-            f"{outer} = {pipeline[0]}",
+            f"{outer.rstrip(',')} = {pipeline[0]}",
             *pipeline[1:],
-            *finished,
+            *finish,
         ]
-
-    def _combined(self, kind: str, running: list[str], block: str) -> str:
-        reducer, axis = FUNCTIONS[kind].reducer, self.axis
-        if reducer.merge:
-            return reducer.merge.format(running[0], f"jnp.{reducer.block}({block}, axis={axis})")
-        if kind == "logsumexp":
-            return f"rt.mgpu_logsumexp_step({running[0]}, {running[1]}, {block}, {axis})"
-        largest = kind == "argmax"
-        return f"rt.mgpu_argbest_step({running[0]}, {running[1]}, {block}, {self.start}, {axis}, largest={largest})"
 
     def _kept_statements(self, number: int) -> list[str]:
         """The lets and outputs of the kept dimension alone that can be computed once pass
-        `number` is done, and not before."""
-        emitter = self.emitter(in_block=False)
+        `number` is done, and not before (a reduction's value as it is: its pass's)."""
+        overrides = dict(self.results)
+        lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
+        spelling = _Spelling(self.checked.frame, self.sizes, {}, {})
+        emitter = Emitter(
+            self.lowered.names, self.checked.types, overrides, spelling=spelling, lets=lets, **EMITTER_OPTIONS
+        )
         lines = []
         for statement in self.kernel.body:
             name = _target(statement)
-            if not self.is_kept(name) or self.levels.statements[name] != number:
+            if not self.is_kept(name) or self.levels.statements[name] != number or statement.value in self.passes:
                 continue
             if isinstance(statement, ir.Assign):
                 value = emitter.cast(statement.value, self.arrays[name].dtype)
@@ -348,31 +403,60 @@ class SweepPlanner:
             lines.append(f"{self.values[name]} = {value}")
         return lines
 
-    def _output_pass(self, outputs, buffers, program: str, steps: str) -> list[str]:
+    def _output_pass(self, outputs, buffers, steps: str) -> list[str]:
         """The pipeline that computes the [M, N] outputs block by block and copies each out."""
-        kernel = self.kernel
-        statements = [s for s in kernel.body if isinstance(s, ir.Assign) and not self.is_kept(s.target)]
-        inputs, lets = self.block_reads([s.value for s in statements])
-        emitter = self.emitter(in_block=True)
-        step = self.namer.claim("write")
+        statements = {
+            s.target: s.value for s in self.kernel.body if isinstance(s, ir.Assign) and not self.is_kept(s.target)
+        }
+        checked = self._pass_kernel(self.levels.count + 1, outputs, statements, False)
+        assert checked is not None, "an output pass reads the kernel's values and its passes' results"
+        lowering = self._lowering(checked)
         slot = self.namer.claim("slot")
+        code = lowering.whole(lambda decl, value: f"{buffers[decl.name]}[{slot}] = {value}")
+        first_store = next(i for i, line in enumerate(code.step) if line.startswith(tuple(buffers.values())))
+        inputs = self._streamed(checked)
+        step = self.namer.claim("write")
         lines = [
             f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs)])}):",
             f"    {self.start} = {self.indices}[0] * {block_keyword(self.swept)}",
-            *(f"    {line}" for line in self._block_loads(inputs)),
-            *(f"    {self.values[s.name]} = {emitter.emit(s.value)}" for s in lets),
+            *(f"    {line}" for line in code.step[:first_store]),
             f"    {slot} = {self.indices}[0] % 2",
             "    # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.",
             "    plgpu.wait_smem_to_gmem(1, wait_read_only=True)",
+            *(f"    {line}" for line in code.step[first_store:]),
+            "    plgpu.commit_smem()",
         ]
-        for statement in statements:
-            out = self.arrays[statement.target]
-            lines.append(f"    {buffers[out.name]}[{slot}] = {emitter.cast(statement.value, out.dtype)}")
-        lines.append("    plgpu.commit_smem()")
-        kept = f"pl.ds({program} * {block_keyword(self.kept)}, {block_keyword(self.kept)})"
+        kept = f"pl.ds({self.program} * {block_keyword(self.kept)}, {block_keyword(self.kept)})"
         swept = f"pl.ds({self.start}, {block_keyword(self.swept)})"
         at = f"{kept}, {swept}" if self.axis == 1 else f"{swept}, {kept}"
         lines += [
             f"    plgpu.copy_smem_to_gmem({buffers[o.name]}.at[{slot}], {self.refs[o.name]}.at[{at}])" for o in outputs
         ]
-        return [*lines, "", *self._pipeline(step, inputs, program, steps, None)]
+        return [*lines, "", *self._pipeline(step, inputs, steps, None)]
+
+
+class _Positions(_Spelling):
+    """index() of the swept dimension as the block's positions (support.refusal: the only
+    index() of such a kernel)."""
+
+    def __init__(self, frame, sizes, extents, starts, shape: str):
+        super().__init__(frame, sizes, extents, starts)
+        self.shape = shape
+
+    def positions(self, dim: str) -> str:
+        return f"rt.mgpu_positions({self.starts[dim]}, {self.shape}, {0 if self.row == dim else 1})"
+
+
+def _passed_on(lines: list[str]) -> list[str]:
+    """`lines` with a value assigned and then only passed on, once, to a name of its own
+    (`r = total / n`, `mu = r`) assigned to that name at once (`mu = total / n`)."""
+    out: list[str] = []
+    for number, line in enumerate(lines):
+        name, value = line.split(" = ", 1)
+        later = "\n".join(lines[number + 1 :])
+        if out and re.fullmatch(r"\w+", value) and out[-1].split(" = ", 1)[0] == value:
+            if not re.search(rf"\b{value}\b", later):
+                out[-1] = f"{name} = {out[-1].split(' = ', 1)[1]}"
+                continue
+        out.append(line)
+    return out
