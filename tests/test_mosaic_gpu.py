@@ -454,6 +454,10 @@ REFUSALS = {
         "in x: f32[R, M, N]\nin w: f32[M, N]\nout y: f32[M, N]\ny = sum(x * w, R)",
         "a reduction over R of an input without R",
     ),
+    "reduction-of-a-value-without-the-kept-dimension": (
+        "in z: f32[M, N]\nin x: f32[N]\nout y: f32[M, N]\ny = z * sum(x, N)",
+        "sum() over N of a value without M",
+    ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     # Two products (attention's form): the fused form, not kernels in turn.
     "fused-f32-products": (

@@ -187,6 +187,9 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
             return "softmax() is not on Mosaic GPU yet"
         if call.func == "index" and call.args[0].id != dim:
             return f"index({call.args[0].id}) in a kernel that reduces {dim} is not on Mosaic GPU yet"
+        if FUNCTIONS[call.func].reducer is not None and kept not in checked.types[call.args[0]].dims:
+            # its pass's kernel would carry a value of no kept position (sweeps: vectors of one)
+            return f"{call.func}() over {dim} of a value without {kept} is not on Mosaic GPU yet"
     if any(kept not in o.dims for o in kernel.outputs):
         return f"an output without {kept} is not on Mosaic GPU yet"
     if not any(dim in d.dims for d in kernel.inputs + kernel.outputs):
