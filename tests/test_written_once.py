@@ -61,6 +61,8 @@ def test_a_loops_running_values_unpack_into_the_results_they_are():
     running = ["max_running", "argmax_index", "top", "total"]
     finishes = [("argmax_n", "argmax_index"), ("lse", "rt.logsumexp_finish(top, total)")]
     assert unpacked_results(running, finishes) == ("_, argmax_n, top, total", ["lse = rt.logsumexp_finish(top, total)"])
+    # two results of one running value (two max(p, N) written apart): the second is the first
+    assert unpacked_results(["top"], [("m", "top"), ("m_2", "top")]) == ("m,", ["m_2 = m"])
 
 
 def test_scratch_refs_are_gathered_where_naming_each_would_take_a_line_apiece():

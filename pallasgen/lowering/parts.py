@@ -33,12 +33,17 @@ def assigned_together(pairs: list[tuple[str, str]], width: int = LINE_LENGTH - 1
 def unpacked_results(running: list[str], finishes: list[tuple[str, str]]) -> tuple[str, list[str]]:
     """The target that unpacks a loop's `running` values, and the lines that finish each
     (result, code) of `finishes`: a result whose code is one of the running values is
-    unpacked into its own name (no `sum_n = sum_n_running`), and the others it leaves
-    out are `_`."""
-    direct = {code: result for result, code in finishes if code in running}
-    read = " ".join(code for result, code in finishes if code not in running)
+    unpacked into its own name (no `sum_n = sum_n_running`; a second result of the same
+    value is assigned the first), and the others it leaves out are `_`."""
+    direct: dict[str, str] = {}
+    lines = []
+    for result, code in finishes:
+        if code in running and code not in direct:
+            direct[code] = result
+        else:
+            lines.append(f"{result} = {direct.get(code, code)}")
+    read = " ".join(line.split(" = ", 1)[1] for line in lines)
     targets = [direct.get(name, name if re.search(rf"\b{name}\b", read) else "_") for name in running]
-    lines = [f"{result} = {code}" for result, code in finishes if code not in running]
     return ", ".join(targets) + ("," if len(targets) == 1 else ""), lines
 
 
