@@ -150,6 +150,7 @@ class SweepPlanner:
         return ir.ArrayDecl(name, dtype, (self.kept,), at, at, (at,))
 
     def _result_decl(self, node: ir.Expr) -> ir.ArrayDecl:
+        """A reduction's result as an output of its pass's kernel, or an input of later ones."""
         at = node.position
         return ir.ArrayDecl(self.specs[node], self.checked.types[node].dtype.name, (self.kept,), at, at, (at,))
 
@@ -383,8 +384,9 @@ class SweepPlanner:
         ]
 
     def _kept_statements(self, number: int) -> list[str]:
-        """The lets and outputs of the kept dimension alone that can be computed once pass
-        `number` is done, and not before (a reduction's value as it is: its pass's)."""
+        """The lets and outputs of the kept dimension alone that can be computed once the
+        reductions of level `number` are done, and not before (one that is a reduction's
+        value as it is: its pass computes it)."""
         overrides = dict(self.results)
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
         spelling = _Spelling(self.checked.frame, self.sizes, {}, {})
