@@ -571,6 +571,11 @@ TAKEN_SPECS = {
     ),
     # A fused product in three kernels: its computed, transposed operand (with a let and
     # a param), the product, then a softmax of it and a row statistic.
+    # An output read by name in a pass (a let of that name in its kernel) and written after.
+    "output-read-by-a-reduction": (
+        "in x: f32[M, N]\nout y: f32[M, N]\nout s: f32[M]\ny = x * 2.0\ns = sum(y, N)",
+        {"M": 70, "N": 300},
+    ),
     "computed-operand-then-softmax": (
         "in x: f32[M, K]\nin w: f32[N, K]\nout y: f32[M, N]\nout s: f32[M]\nparam t: f32 = 0.5\n"
         "let h = x * t\nlet p = (h - 1.0) @ w.T\ny = softmax(p, N)\ns = max(p, N) * t",

@@ -239,8 +239,7 @@ class FusedLowering:
         """(value, load) of the inputs the statements and roots read (not under nodes in `skip`)."""
         roots = [*(s.value for s in statements), *extra_roots]
         used = {n.id for root in roots for n in walk_outside(root, skip) if isinstance(n, ir.Name)}
-        loads = [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
-        return [(value, load) for value, load in loads if load is not None]  # None: a value in scope
+        return [(self.lowered.values[d.name], self.load(d)) for d in self.checked.kernel.inputs if d.name in used]
 
     def _store_all(self, statements, emitter, store) -> list[str]:
         kernel, lowered = self.checked.kernel, self.lowered

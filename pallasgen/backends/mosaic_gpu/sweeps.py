@@ -163,14 +163,16 @@ class SweepPlanner:
         earlier = {n: ir.Name(self.specs[n], n.position) for n, level in self.passes.items() if level < number}
         kept = [n for n in self.statements if self.is_kept(n) and self.levels.statements[n] < number]
         results = [self._result_decl(n) for n in earlier if self.specs[n] not in self.statements]
-        # The block's lets; one that reads a value this pass computes by its name reads it
-        # as written (a pass's kernel reads its results after the pass).
+        # The block's lets, and its outputs read by name as lets of that name (as
+        # analysis.carries takes them); one that reads a value this pass computes by its
+        # name reads it as written (a pass's kernel reads its results after the pass).
         lets = []
         for statement in self.kernel.body:
-            if isinstance(statement, ir.Let) and not self.is_kept(statement.name):
+            name = _target(statement)
+            if not self.is_kept(name) and name not in assigned:
                 named = [n for n in ir.walk(statement.value) if isinstance(n, ir.Name) and n.id in assigned]
                 value = substitute(statement.value, {n: assigned[n.id] for n in named})
-                lets.append(dataclasses.replace(statement, value=substitute(value, earlier)))
+                lets.append(ir.Let(name, substitute(value, earlier), statement.position))
         body = [
             *lets,
             *(ir.Assign(name, substitute(value, earlier), value.position) for name, value in assigned.items()),
@@ -190,15 +192,16 @@ class SweepPlanner:
         outputs = [self._result_decl(n) for n in nodes]
         return self._pass_kernel(first, outputs, {self.specs[n]: n for n in nodes}, True)
 
-    def _pass_levels(self) -> list[tuple[int, int]]:
-        """The passes, each the (first, last) of the levels it computes: as many levels in
-        one pass as analysis.carries carries together."""
+    def _passes(self) -> list[tuple[int, int, CheckedKernel]]:
+        """The passes, each the (first, last) of the levels it computes and its kernel: as
+        many levels in one pass as analysis.carries carries together."""
         found, first = [], 1
         while first <= self.levels.count:
-            last = first
-            while last < self.levels.count and self._reductions_kernel(first, last + 1) is not None:
-                last += 1
-            found.append((first, last))
+            last, checked = first, self._reductions_kernel(first, first)
+            assert checked is not None, "a pass reads the kernel's values and earlier passes' results"
+            while last < self.levels.count and (merged := self._reductions_kernel(first, last + 1)) is not None:
+                last, checked = last + 1, merged
+            found.append((first, last, checked))
             first = last + 1
         return found
 
@@ -268,8 +271,8 @@ class SweepPlanner:
                 f"{self.values[decl.name]} = rt.mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._kept_statements(0)
-        for number, (first, last) in enumerate(self._pass_levels(), 1):
-            body += self._reduction_pass(number, first, last, steps)
+        for number, (first, last, checked) in enumerate(self._passes(), 1):
+            body += self._reduction_pass(number, checked, steps)
             for level in range(first, last + 1):
                 body += self._kept_statements(level)
         for decl in kept_outputs:
@@ -347,10 +350,9 @@ class SweepPlanner:
         """The inputs a pass's kernel reads block by block."""
         return [d for d in checked.kernel.inputs if d.name in self.arrays and self.swept in d.dims]
 
-    def _reduction_pass(self, number: int, first: int, last: int, steps: str) -> list[str]:
-        """Pass `number`: the pipeline that computes the reductions of levels `first` to
-        `last`, carried over the swept dimension's blocks (lowering.fused), and their results."""
-        checked = self._reductions_kernel(first, last)
+    def _reduction_pass(self, number: int, checked: CheckedKernel, steps: str) -> list[str]:
+        """Pass `number`: the pipeline that computes its kernel's reductions (`_passes`),
+        carried over the swept dimension's blocks (lowering.fused), and their results."""
         lowering = self._lowering(checked)
         values = lowering.lowered.values
         ragged = f"{self.sizes[self.swept]} % {block_keyword(self.swept)}"
