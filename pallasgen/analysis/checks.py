@@ -119,86 +119,60 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
 
 
 def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
-    if is_fused(kernel):
-        return check_fused_kernel(kernel, backends)
+    """Every check of one kernel, in one pass: its declarations, its product (a single
+    product of two inputs, `analysis.product`, where it has one: any other products are
+    the frame's, `analysis.fused`), its iteration space and blocks, the types of its body,
+    its tiles (its frame) and what it carries across its swept dimension, then each
+    backend's checks."""
     found: list[Diagnostic] = []
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
-    product, problems = analyze_product(kernel)
+    framed = is_fused(kernel)  # its products are the frame's alone
+    product, problems = (None, []) if framed else analyze_product(kernel)
     found.extend(problems)
     found.extend(check_accumulate(kernel, product))
-    space, sizes, space_problems = derive_space(kernel, product)
+    space, sizes, space_problems = derive_space(kernel, product, framed)
     found.extend(space_problems)
     unplaced = declared_dims(kernel) - set(space.names)
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
     types, type_problems = infer_body(kernel, space.names, product)
-    if not space_problems:  # else which dimensions an output keeps is in doubt
+    if not space_problems and not framed:  # else which dimensions an output keeps is in doubt
         blocks, problems = reduction_blocks(kernel, space, blocks, types)
         found.extend(problems)
-    settings = {}
-    for backend in backends:
-        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
-        found.extend(problems)
     found.extend(type_problems)
-    sweep, problems = (None, []) if found else sweep_of(kernel, types, blocks, batch_dims(product) if product else ())
-    found.extend(problems)
-    frame = None
-    if product is not None and not found:  # its tiles, from its operands' types too
-        types = {**infer_body(kernel, space.names, None)[0], **types}
-        # Its batch dimensions take one element per step whatever the TPU's blocks say (the
-        # TPU's checks ask for `block B = 1`; a kernel checked without them, as a Mosaic GPU
-        # stage or for GPU targets only, steps them so too).
-        one_each = {d: 1 for d in batch_dims(product)}
-        frame, problems = analyze_fused(kernel, types, space.names, {**blocks, **one_each})
-        found.extend(problems)
-    elif not found:
-        frame = layout_frame(types, space.layout, blocks, {d for out in kernel.outputs for d in out.dims})
-    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
-
-
-def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
-    """A kernel with several products or computed operands: typed, then its pass over a
-    swept dimension analyzed (analysis.fused), then each backend's checks."""
-    found: list[Diagnostic] = []
-    for check in (check_declarations, check_dtypes, check_params):
-        found.extend(check(kernel))
-    found.extend(check_accumulate(kernel, None))
-    found.extend(repeated_dims(kernel))
-    dims = _fused_dims(kernel)
-    space = IterationSpace(tuple(Dimension(d, kept=any(d in out.dims for out in kernel.outputs)) for d in dims))
-    sizes: dict[str, tuple[str, int]] = {}
-    for decl in kernel.inputs:
-        for axis, dim in enumerate(decl.dims):
-            sizes.setdefault(dim, (decl.name, axis))
-    for out in kernel.outputs:
-        for dim, position in zip(out.dims, out.dim_positions):
-            if dim not in sizes:
-                found.append(
-                    Diagnostic(
-                        position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
-                    )
-                )
-    blocks, problems = block_items(kernel.blocks, dims, "block", block_size_problem)
-    found.extend(problems)
-    types, problems = infer_body(kernel, dims, None)
-    found.extend(problems)
-    fused, sweep = None, None
+    frame, sweep = None, None
     if not found:
-        fused, problems = analyze_fused(kernel, types, dims, blocks)
+        if product is not None:  # its tiles are framed from its operands' types too
+            types = {**infer_body(kernel, space.names, None)[0], **types}
+        frame, problems = _frame(kernel, space, types, blocks, product, framed)
         found.extend(problems)
-    if fused is not None:
-        sweep, problems = sweep_of(kernel, types, blocks, fused.batch)
-        fused = None if problems else fused  # the backends check a kernel that passed
+    if frame is not None:
+        sweep, problems = sweep_of(kernel, types, blocks, frame.batch)
         found.extend(problems)
+    fused = frame if framed and not found else None  # the backends check a kernel that passed
     settings = {}
     for backend in backends:
-        settings[backend.name], problems = backend.check(kernel, space, None, blocks, found, fused=fused)
+        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, fused=fused)
         found.extend(problems)
     return (
-        CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused, sweep=sweep, frame=fused),
+        CheckedKernel(kernel, space, sizes, types, blocks, product, settings, fused=fused, sweep=sweep, frame=frame),
         found,
     )
+
+
+def _frame(kernel: ir.Kernel, space: IterationSpace, types, blocks: dict[str, int], product, framed: bool):
+    """The kernel's tiles (`analysis.fused`), or the diagnostics saying why not."""
+    if framed:
+        return analyze_fused(kernel, types, space.names, blocks)
+    if product is None:
+        output_dims = {d for out in kernel.outputs for d in out.dims}
+        return layout_frame(types, space.layout, blocks, output_dims), []
+    # Its batch dimensions take one element per step whatever the TPU's blocks say (the
+    # TPU's checks ask for `block B = 1`; a kernel checked without them, as a Mosaic GPU
+    # stage or for GPU targets only, steps them so too).
+    one_each = {d: 1 for d in batch_dims(product)}
+    return analyze_fused(kernel, types, space.names, {**blocks, **one_each})
 
 
 def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[Sweep | None, list[Diagnostic]]:
@@ -209,8 +183,8 @@ def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[S
     return sweep_over(kernel, types, dim) if dim else (None, [])
 
 
-def _fused_dims(kernel: ir.Kernel) -> tuple[str, ...]:
-    """A fused kernel's dimensions: the outputs', then the others in the inputs' order."""
+def _framed_dims(kernel: ir.Kernel) -> tuple[str, ...]:
+    """A framed kernel's dimensions: the outputs', then the others in the inputs' order."""
     dims: list[str] = []
     for decl in kernel.outputs + kernel.inputs:
         dims.extend(d for d in decl.dims if d not in dims)
@@ -299,9 +273,10 @@ def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnos
 
 
 def derive_space(
-    kernel: ir.Kernel, product: Product | None
+    kernel: ir.Kernel, product: Product | None, framed: bool = False
 ) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
-    """The iteration space, where each size comes from, and the dimension rules."""
+    """The iteration space, where each size comes from, and the dimension rules (`framed`:
+    a kernel whose products are its frame's, `analysis.fused`, which has rules of its own)."""
     found = repeated_dims(kernel)
     if not kernel.outputs:
         return IterationSpace(()), {}, found
@@ -320,7 +295,9 @@ def derive_space(
                         position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
                     )
                 )
-    if product is not None:
+    if framed:
+        dims, problems = _framed_dims(kernel), []
+    elif product is not None:
         dims, problems = _product_dims(kernel, product, unsized)
     else:
         dims, problems = _layout(kernel, unsized)
@@ -332,7 +309,7 @@ def derive_space(
             found.append(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
-    return _space(kernel, dims, product), sizes, found
+    return _space(kernel, dims, product, framed), sizes, found
 
 
 def repeated_dims(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -484,14 +461,17 @@ def _reductions(kernel: ir.Kernel) -> list[ir.Call]:
     return sorted(calls, key=lambda n: (n.position.line, n.position.column))
 
 
-def _space(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None) -> IterationSpace:
+def _space(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, framed: bool) -> IterationSpace:
     """Each dimension kept (an output has it) or reduced, with the reductions over it; a
-    product's contracted one is reduced by `dot`."""
+    product's contracted one is reduced by `dot`. A framed kernel's reductions are its
+    frame's and its carries' (`analysis.carries`)."""
     if product is not None:
         kept = tuple(Dimension(d, kept=True) for d in dims if d != product.k)
         contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
         return IterationSpace((*kept, contracted), contracted=product.k)
     output_dims = {d for out in kernel.outputs for d in out.dims}
+    if framed:
+        return IterationSpace(tuple(Dimension(d, kept=d in output_dims) for d in dims))
     calls = _reductions(kernel)
     over = {d: tuple(Reduction(c.func, c) for c in calls if _reduced_dim(c) == d) for d in dims}
     return IterationSpace(tuple(Dimension(d, kept=d in output_dims, reductions=over[d]) for d in dims))
