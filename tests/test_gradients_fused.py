@@ -213,7 +213,7 @@ def test_the_backward_kernels_are_ordinary_kernels_with_the_forwards_blocks():
     dg a sum over M of its own."""
     kernels = {k.kernel.name: k for k in check_source(attention_spec(), "attention.pallas")}
     backward = {b.checked.kernel.name: b.checked for k in kernels.values() if k.gradient for b in k.gradient.kernels}
-    assert backward["matmul_softmax_backward"].product is None and backward["matmul_softmax_backward"].fused is None
+    assert not backward["matmul_softmax_backward"].has_products
     assert backward["matmul_softmax_backward"].blocks == {"M": 128}
     assert backward["matmul_softmax_backward_x"].product.k == "N"
     # N, whole forward, is blocked as the forward's largest block where it is contracted

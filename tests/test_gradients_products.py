@@ -212,7 +212,7 @@ def test_no_backward_kernel_writes_the_products_cotangent(forward):
     for derived in kernels.values():
         checked = derived.checked
         lets = {s.name: s.value for s in checked.kernel.body if isinstance(s, ir.Let)}
-        product = next(n for n in checked.fused.products)
+        product = next(n for n in checked.frame.products)
         operands = {
             side.value.id if isinstance(side, ir.Attribute) else side.id for side in (product.left, product.right)
         }

@@ -50,7 +50,7 @@ STEPPED = [
     for name, checked in KERNELS.items()
     if any(d.reduced and d.reductions and d.name in checked.blocks for d in checked.space.dims)
     and checked.product is None
-    or checked.fused is not None
+    or checked.framed
     and checked.sweep is not None
 ]
 
@@ -83,8 +83,8 @@ def blocks_of(checked, gpu: bool) -> dict[str, int]:
 def drawn_axes(checked, decl, sizes, gpu) -> list[tuple[int, int]]:
     """(size, block) of the rows and columns an array is drawn in: the last two
     dimensions of its layout, a broadcast one as (1, 1)."""
-    if checked.fused is not None:
-        layout = array_axes(decl, checked.fused)
+    if checked.framed:
+        layout = array_axes(decl, checked.frame)
     else:
         layout = layout_of(decl, checked.space.layout, checked.product)
     blocks = blocks_of(checked, gpu)
@@ -247,7 +247,7 @@ def test_vmem_figures_are_those_of_pallasgen_tiling(name):
         assert int(shown.get("data-bytes")) == expected
         assert shown.text == f"{format_bytes(expected)} a block, {format_bytes(2 * expected)} double-buffered"
     (line,) = [t for t in root.iter(f"{SVG}text") if "vmem" in t.get("class", "").split()]
-    if checked.fused is not None:  # a fused kernel's running values: see the test that parts add up
+    if checked.framed:  # a fused kernel's running values: see the test that parts add up
         arrays_bytes = sum(DTYPES[d.dtype].bytes * prod(exact[x] for x in d.dims) for d in decls(checked))
         assert int(line.get("data-bytes")) >= 2 * arrays_bytes
         return

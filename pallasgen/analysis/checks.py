@@ -54,10 +54,9 @@ class CheckedKernel:
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
     tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
-    fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
-    # Every kernel's tiles (analysis.fused): `fused`'s, a single product's, or over the layout
-    # of a kernel without products. The TPU plans every kernel from them, Triton and Mosaic
-    # GPU those with products.
+    # Every kernel's tiles (analysis.fused): its products' (`framed`), a single product's, or
+    # over the layout of a kernel without products. The TPU and Triton plan every kernel
+    # from them, Mosaic GPU those with products.
     frame: FusedKernel | None = None
     sweep: Sweep | None = None  # what any kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
@@ -67,17 +66,24 @@ class CheckedKernel:
         return self.space.names
 
     @property
+    def framed(self) -> bool:
+        """Whether its products are its frame's alone: several, of a computed operand, or
+        beside a reduction (`analysis.fused.is_fused`); it has no single `product` of two
+        inputs with a plan of its own."""
+        return self.product is None and self.frame is not None and bool(self.frame.products)
+
+    @property
     def batch(self) -> tuple[str, ...]:
         """The dimensions it steps one element at a time (blocked by 1, squeezed out of its
-        tiles): a product's batch dimensions, or a fused kernel's."""
-        if self.fused is not None:
-            return self.fused.batch
+        tiles): a product's batch dimensions, or a framed kernel's."""
+        if self.framed:
+            return self.frame.batch
         return batch_dims(self.product) if self.product is not None else ()
 
     @property
     def has_products(self) -> bool:
         """Whether it has a matrix product (`@`), one or several."""
-        return self.product is not None or self.fused is not None
+        return self.product is not None or self.framed
 
     def tuned_for(self, backend: str) -> tuple[TunedBlocks, ...]:
         """The blocks tuned for one backend (by its name), on each chip or GPU and size bucket."""
@@ -150,15 +156,12 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     if frame is not None:
         sweep, problems = sweep_of(kernel, types, blocks, frame.batch)
         found.extend(problems)
-    fused = frame if framed and not found else None  # the backends check a kernel that passed
+    passed = frame if framed and not found else None  # the backends check a framed kernel that passed
     settings = {}
     for backend in backends:
-        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, fused=fused)
+        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, frame=passed)
         found.extend(problems)
-    return (
-        CheckedKernel(kernel, space, sizes, types, blocks, product, settings, fused=fused, sweep=sweep, frame=frame),
-        found,
-    )
+    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
 
 
 def _frame(kernel: ir.Kernel, space: IterationSpace, types, blocks: dict[str, int], product, framed: bool):

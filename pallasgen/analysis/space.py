@@ -29,11 +29,6 @@ class Dimension:
     reductions: tuple[Reduction, ...] = ()
 
     @property
-    def layout(self) -> tuple[str, ...]:
-        """The dimensions arrays other than a product's operands are laid out over."""
-        return tuple(d.name for d in self.dims if d.name != self.contracted)
-
-    @property
     def reduced(self) -> bool:
         """No output has it: the kernel reduces it away."""
         return not self.kept

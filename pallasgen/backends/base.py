@@ -125,11 +125,12 @@ class Backend(ABC):
         product: Product | None,
         blocks: dict[str, int],
         earlier: list[Diagnostic],
-        fused=None,
+        frame=None,
     ) -> tuple[object, list[Diagnostic]]:
         """This backend's settings for a kernel (None if it has none), and diagnostics
-        for what it cannot do; `earlier` are the diagnostics found so far; `fused`: a
-        fused kernel's analysis (analysis.fused), when it is one."""
+        for what it cannot do; `earlier` are the diagnostics found so far; `frame`: the
+        tiles (analysis.fused) of a kernel whose products are its frame's (`framed`),
+        once it has passed every check before the backends'."""
 
     @abstractmethod
     def keywords(self, checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> KeywordGroup:

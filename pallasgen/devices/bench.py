@@ -216,8 +216,8 @@ def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
     product, layout = checked.product, checked.space.layout
     gpu = backend_named("gpu")
     tunable = gpu.tunable_dims(checked)  # reduced dimensions held whole have no GPU block
-    if checked.fused is not None:  # its tiles' rows, swept and parallel dimensions
-        axes = {d: GPU_PRODUCT_TILES for d in tunable if d not in checked.fused.batch}
+    if checked.framed:  # its tiles' rows, swept and parallel dimensions
+        axes = {d: GPU_PRODUCT_TILES for d in tunable if d not in checked.frame.batch}
     elif product is not None:
         axes = {product.m: GPU_PRODUCT_TILES, product.n: GPU_PRODUCT_TILES, product.k: GPU_PRODUCT_DEPTHS}
     elif len(layout) == 1:

@@ -65,7 +65,7 @@ def derive(checked: CheckedKernel) -> Derived | None:
 def attention_form(checked: CheckedKernel) -> Attention | None:
     """The kernel's attention form, or None where it has none."""
     kernel = checked.kernel
-    if checked.fused is None or checked.sweep is None:
+    if not checked.framed or checked.sweep is None:
         return None
     lets = {s.name: s.value for s in kernel.body if isinstance(s, ir.Let)}
     inputs = {d.name: d for d in kernel.inputs}

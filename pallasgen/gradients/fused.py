@@ -56,7 +56,7 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     kernel), or what it has that they are not generated for yet."""
     kernel = checked.kernel
     products = find_products(kernel)
-    if checked.fused is None or len(products) != 1:
+    if not checked.framed or len(products) != 1:
         return None
     node = products[0]
     lets = [s for s in kernel.body if isinstance(s, ir.Let)]
@@ -168,7 +168,7 @@ def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues
 def _product_derived(checked: CheckedKernel, namer: Namer) -> Derived | str:
     """The backward kernels of the kernel of one product of inputs: analysis.
     product_gradients' where its epilogue is elementwise, else `_reduced_epilogue`'s."""
-    if checked.fused is None:
+    if not checked.framed:
         return product_gradients.derive(checked)
     return _reduced_epilogue(checked, namer)
 
@@ -190,7 +190,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     epilogue, problems = check_kernel(epilogue_kernel)
     if problems:
         return f"an epilogue that fails a check ({problems[0].message})"
-    if epilogue.product is not None or epilogue.fused is not None:
+    if epilogue.has_products:
         return "a product in a product's epilogue"
     derived = reverse.derive(epilogue, saved_outputs=[o.name for o in kernel.outputs])
     if isinstance(derived, str):

@@ -44,7 +44,7 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     """The backward kernels of a kernel with one product (None: it has none, or it is a
     fused kernel), or what it has that they are not generated for yet."""
     product = checked.product
-    if product is None or checked.fused is not None:
+    if product is None:
         return None
     not_yet = _not_generated_yet(product)
     if not_yet:

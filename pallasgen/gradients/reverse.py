@@ -81,7 +81,7 @@ def not_generated_yet(checked: CheckedKernel) -> str | None:
     an input whose dimensions are in another order than the kernel's, or one broadcast
     over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
     would need sums over two blocked dimensions first.)"""
-    if checked.fused is not None:
+    if checked.framed:
         return "several products in one kernel, other than attention's"
     if checked.product is not None:
         return "a matrix product"

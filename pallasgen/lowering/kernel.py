@@ -133,7 +133,7 @@ def lower_kernel(
     operands = {o.name: o for o in product.operands} if product else {}
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
-        if checked.fused is not None:
+        if checked.framed:
             return _fused_array_plan(decl, checked, values[decl.name], refs[decl.name], sizes)
         name = values[decl.name]
         layout = layout_of(decl, out_dims, product)
@@ -184,7 +184,7 @@ def lower_kernel(
 def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref: str, sizes) -> ArrayPlan:
     """A fused kernel's array: laid out as its tiles hold it (analysis.fused.array_axes);
     in the reference, over every dimension of the kernel, in the kernel's order."""
-    layout = array_axes(decl, checked.fused)
+    layout = array_axes(decl, checked.frame)
     own = tuple_code([sizes[d] for d in decl.dims]) if decl.dims else "()"
     layout_shape = tuple_code([sizes[d] if d else "1" for d in layout])
     everywhere = checked.space.layout
@@ -283,11 +283,11 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
     def shape_of(out: ir.ArrayDecl) -> str:
         return tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
 
-    if checked.fused is not None:
+    if checked.framed:
         _fused_reference_products(lowered, emitter)
     reference = body_statements(kernel, body, emitter, values, lowered.refs, checked, None, shape_of)
     restores = [o.reference_restore or o.restore for o in lowered.outputs if o.reference_restore or o.restore]
-    if checked.fused is not None:
+    if checked.framed:
         restores = [o.reference_restore for o in lowered.outputs if o.reference_restore]
     needs_sizes = needs_sizes or bool(restores)
     reference += restores  # outputs are used in the layout's rank until here
@@ -306,7 +306,7 @@ def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
     every = "".join(letters[d] for d in layout)
     products = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
     for node in reversed(products):  # inner products first
-        product = checked.fused.products[node]
+        product = checked.frame.products[node]
         parts = [emitter.emit(value) for value in (product.lhs, product.rhs)]
         specs = [every, every]
         dims = checked.types[node].dims

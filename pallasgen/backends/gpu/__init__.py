@@ -18,12 +18,12 @@ class GpuBackend(Backend):
     target = "triton"
     template = "gpu.py.j2"
 
-    def check(self, kernel, space, product, blocks, earlier, fused=None):
+    def check(self, kernel, space, product, blocks, earlier, frame=None):
         settings, problems = check_gpu(kernel, space, product, blocks, earlier)
-        if fused is None:
+        if frame is None:
             return settings, problems
         given = {item.dim: item.size for item in kernel.gpu_blocks}
-        return replace(settings, blocks=default_gpu_blocks(kernel, blocks, fused, given)), problems
+        return replace(settings, blocks=default_gpu_blocks(kernel, blocks, frame, given)), problems
 
     def keywords(self, checked, targets=TARGETS):
         return keyword_group(checked)

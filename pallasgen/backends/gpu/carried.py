@@ -57,7 +57,7 @@ def on_triton(checked: CheckedKernel) -> CheckedKernel:
     the TPU may take a dimension whole that a program cannot hold (its operands would
     outgrow shared memory at large sizes)."""
     gpu_blocks = checked.settings["gpu"].blocks
-    if checked.fused is not None or set(gpu_blocks) <= set(checked.blocks):
+    if checked.framed or set(gpu_blocks) <= set(checked.blocks):
         return checked
     frame, blocks = checked.frame, {**checked.blocks, **gpu_blocks}
     sweep, problems = sweep_of(checked.kernel, checked.types, blocks, frame.batch)
@@ -205,7 +205,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             return BlockAxis(dim, "whole", None)
         return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
 
-    product = checked.product if checked.fused is None else None
+    product = checked.product
 
     def block_axes(decl: ir.ArrayDecl) -> tuple[BlockAxis, ...]:
         own = layout(decl)

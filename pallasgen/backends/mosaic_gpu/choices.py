@@ -30,7 +30,7 @@ DEFAULT_STAGES = 2
 
 def tunable(checked: CheckedKernel) -> bool:
     """Whether the kernel runs on Mosaic GPU as one product (the only kernels with choices)."""
-    return checked.product is not None and checked.fused is None and not stages(checked) and refusal(checked) is None
+    return checked.product is not None and not stages(checked) and refusal(checked) is None
 
 
 def block_choices(checked: CheckedKernel) -> dict[str, tuple[int, ...]]:

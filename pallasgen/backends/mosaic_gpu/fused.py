@@ -348,7 +348,7 @@ class FusedPlanner:
     def __init__(self, planner):
         self.base = planner  # the shared _Planner: names, finishing the plan
         self.lowered, self.checked, self.kernel = planner.lowered, planner.checked, planner.kernel
-        self.fused = self.checked.fused
+        self.fused = self.checked.frame
         self.namer, self.sizes, self.values, self.refs = planner.namer, planner.sizes, planner.values, planner.refs
         self.smem = planner.smem
         self.inputs = {d.name: d for d in self.kernel.inputs}

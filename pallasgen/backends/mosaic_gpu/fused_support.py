@@ -19,7 +19,7 @@ WGMMA_16 = ("bf16", "f16")  # the dtypes a product's operands take on wgmma here
 def product_dtypes(checked: CheckedKernel, node: ir.Binary) -> tuple[str, str | None]:
     """The 16-bit dtype a fused product runs in, and whether its left operand (an f32
     value) is split into two parts of it (None: not split)."""
-    product = checked.fused.products[node]
+    product = checked.frame.products[node]
     lhs, rhs = (checked.types[v].dtype.name for v in (product.lhs, product.rhs))
     if lhs == "f32" and rhs in WGMMA_16:
         return rhs, rhs
@@ -28,7 +28,7 @@ def product_dtypes(checked: CheckedKernel, node: ir.Binary) -> tuple[str, str | 
 
 def fused_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this fused kernel, or None if it does."""
-    fused, kernel = checked.fused, checked.kernel
+    fused, kernel = checked.frame, checked.kernel
     if checked.sweep is None:
         return "a fused kernel without a swept dimension is not on Mosaic GPU yet"
     for node, product in fused.products.items():

@@ -117,7 +117,7 @@ def faster_on_hopper(checked: CheckedKernel) -> bool:
     a kernel with a matrix product (a product, batched too, attention, their backward
     kernels) ran faster on it than on Triton on an H200, and a row-wise one slower
     (benchmarks/RESULTS.md)."""
-    return checked.product is not None or bool(checked.fused and checked.fused.products)
+    return checked.has_products
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -142,7 +142,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True, stage: boo
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn
         return _plan_stages(lowered)
-    if checked.fused is not None:
+    if checked.framed:
         return FusedPlanner(_Planner(lowered)).plan()
     if checked.product:
         return _ProductPlanner(lowered).plan(stage)

@@ -38,7 +38,7 @@ def stages(checked: CheckedKernel) -> tuple[Stage, ...] | None:
     """The kernels that compute a fused kernel of one product, or a rank-1 kernel's
     reductions to scalars of other reductions' results, in turn; None for other kernels,
     or where a stage fails a check."""
-    if checked.fused is not None:
+    if checked.framed:
         found = _product_kernels(checked)
     elif len(checked.space.layout) == 1 and any(_nested(c) for c in _reductions(checked.kernel.body)):
         found = _scalar_kernels(checked)
@@ -49,7 +49,7 @@ def stages(checked: CheckedKernel) -> tuple[Stage, ...] | None:
     result = []
     for number, stage in enumerate(found):
         stage_checked, problems = check_kernel(stage)
-        if problems or stage_checked.fused is not None:
+        if problems or stage_checked.framed:
             return None
         later = {d.name for s in found[number + 1 :] for d in s.inputs}
         result.append(Stage(stage_checked, tuple(o.name for o in stage.outputs if o.name in later)))

@@ -140,7 +140,7 @@ def refusal(checked: CheckedKernel) -> str | None:
     chain = stages(checked)
     if chain:  # one product, of computed operands or reduced, or nested reductions: kernels in turn
         return next((reason for reason in (refusal(s.checked) for s in chain) if reason), None)
-    if checked.fused is not None:
+    if checked.framed:
         return fused_problem(checked)
     reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
     if reduces and product is not None:

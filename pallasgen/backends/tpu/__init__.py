@@ -39,9 +39,9 @@ class TpuBackend(Backend):
     def chip(self, name: str):
         return chip_named(name)
 
-    def check(self, kernel, space, product, blocks, earlier, fused=None):
-        if fused is not None or earlier and is_fused(kernel):
-            return None, check_tpu_tiles(kernel, fused, blocks)
+    def check(self, kernel, space, product, blocks, earlier, frame=None):
+        if frame is not None or earlier and is_fused(kernel):
+            return None, check_tpu_tiles(kernel, frame, blocks)
         return None, check_tpu(kernel, space, product, blocks)
 
     def keywords(self, checked, targets=TARGETS):

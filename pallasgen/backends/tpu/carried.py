@@ -174,7 +174,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         # A kernel of at most one product of two inputs masks a ragged block from the step's
         # index where it masks: a start computed up front cost matmul's backward pass 2
         # cycles more on v5e (bench --chip).
-        start = f"{step} * {block_keyword(dim)}" if checked.fused is None else sweep_start
+        start = f"{step} * {block_keyword(dim)}" if not checked.framed else sweep_start
         code = body_lowering.swept(ref_store(refs, lowered.residual_names), start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
@@ -406,7 +406,7 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     own = array_axes(decl, fused)
     axes = []
     product = checked.product
-    if checked.fused is None and product is not None and decl.name not in {o.name for o in product.operands}:
+    if product is not None and decl.name not in {o.name for o in product.operands}:
         batch, taken = output_batch_axes(decl, fused.batch, index_names)
         axes, own = list(batch), own[taken:]
     for dim in own:
@@ -461,7 +461,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset())
             flops.append((2, [*elements, sizes[fused.products[node].k]]))
         elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
             transcendentals.append((1, elements))
-    if checked.fused is None:
+    if not checked.framed:
         elements = [sizes[d] for d in checked.space.layout]
         transcendental = len(transcendentals)
         others = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental - len(flops)

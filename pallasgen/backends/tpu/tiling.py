@@ -200,7 +200,7 @@ def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None
     arrays' blocks and the `running` values it carries in scratch, its working tiles
     left to the compiler (small beside them at the blocks a search tries)."""
     kernel = kernel or checked.kernel
-    if checked.fused is None:
+    if not checked.framed:
         return vmem(kernel, blocks, checked.product)
     frame = checked.frame
     parts = [
