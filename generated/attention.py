@@ -51,19 +51,19 @@ def _attention_kernel(
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
-        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+        max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         p = jnp.exp(s - max_t_shift)
-        acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(v, t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v, step * block_t, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
-        sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
+        sum_exp_t_block = rt.fill_past(p, step * block_t, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -421,8 +421,8 @@ def _attention_backward_dq_kernel(
             ds,
             0,
         )
-        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -789,11 +789,13 @@ def _attention_backward_dkdv_kernel(
             ds,
             0,
         )
-        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
+        acc_s_2_lhs = rt.fill_past(
+            (ds_1 * scale).astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s
+        )
+        acc_s_2_rhs = rt.fill_past(q, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -1146,8 +1148,8 @@ def _attention_dq_kernel(
         p = jnp.exp(s - lse)
         dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
-        acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -1494,11 +1496,13 @@ def _attention_dkdv_kernel(
         )
         pt = jnp.exp(st - lse)
         dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
-        acc_s_rhs = rt.fill_past(do, s_start, s, 0, 0, ragged=s % block_s)
+        acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), step * block_s, s, 1, 0, ragged=s % block_s)
+        acc_s_rhs = rt.fill_past(do, step * block_s, s, 0, 0, ragged=s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = rt.fill_past((pt * (dpt - delta)).astype(jnp.bfloat16), s_start, s, 1, 0, ragged=s % block_s)
-        acc_s_2_rhs = rt.fill_past(q, s_start, s, 0, 0, ragged=s % block_s)
+        acc_s_2_lhs = rt.fill_past(
+            (pt * (dpt - delta)).astype(jnp.bfloat16), step * block_s, s, 1, 0, ragged=s % block_s
+        )
+        acc_s_2_rhs = rt.fill_past(q, step * block_s, s, 0, 0, ragged=s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -1822,7 +1826,6 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
 def _attention_full_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, *, t, block_t, scale
 ):
-    t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -1834,17 +1837,17 @@ def _attention_full_kernel(
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-    max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+    max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     p = jnp.exp(s - max_t_shift)
-    acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-    acc_t_rhs = rt.fill_past(v, t_start, t, 0, 0, ragged=t % block_t)
+    acc_t_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(v, step * block_t, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
-    sum_exp_t_block = rt.fill_past(p, t_start, t, 1, 0.0, ragged=t % block_t)
+    sum_exp_t_block = rt.fill_past(p, step * block_t, t, 1, 0.0, ragged=t % block_t)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2111,7 +2114,6 @@ def attention_full(q, k, v, *, scale=0.125):
 def _attention_full_backward_dq_kernel(
     q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t, scale
 ):
-    t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -2125,8 +2127,8 @@ def _attention_full_backward_dq_kernel(
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
-    acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-    acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
+    acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2376,7 +2378,6 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
 def _attention_full_backward_dkdv_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, acc_s_ref, acc_s_2_ref, *, size_s, block_s, scale
 ):
-    s_start = pl.program_id(3) * block_s
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -2390,11 +2391,11 @@ def _attention_full_backward_dkdv_kernel(
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
-    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-    acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
+    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-    acc_s_2_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-    acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
+    acc_s_2_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_2_rhs = rt.fill_past(q, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2670,17 +2671,17 @@ def _attention_bottom_right_kernel(
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
             -jnp.inf,
         )
-        max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+        max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
         max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
         max_t_ref[...] = max_t_new
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
-        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_terms, step * block_t, t, 1, 0.0, ragged=t % block_t)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-        acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past(sum_exp_t_terms, step * block_t, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(v.astype(jnp.float32), step * block_t, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -3048,8 +3049,8 @@ def _attention_bottom_right_backward_dq_kernel(
             ds,
             0,
         )
-        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-        acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
+        acc_t_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+        acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -3421,11 +3422,13 @@ def _attention_bottom_right_backward_dkdv_kernel(
             ds,
             0,
         )
-        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
+        acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
+        acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s_2_lhs = rt.fill_past((ds_1 * scale).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-        acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
+        acc_s_2_lhs = rt.fill_past(
+            (ds_1 * scale).astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s
+        )
+        acc_s_2_rhs = rt.fill_past(q, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     # In strips of rows (`rt.add_in_strips`): a block where the `where` on positions in the
@@ -3768,7 +3771,6 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
 
 
 def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
-    t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
     @pl.when(step == 0)
@@ -3780,17 +3782,17 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
-    max_t_block = rt.fill_past(s, t_start, t, 1, -jnp.inf, ragged=t % block_t)
+    max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(max_t_new > -jnp.inf, max_t_new, 0.0)  # a row of -inf so far subtracts 0
     max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
     max_t_ref[...] = max_t_new
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
-    sum_exp_t_block = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0.0, ragged=t % block_t)
+    sum_exp_t_block = rt.fill_past(sum_exp_t_terms, step * block_t, t, 1, 0.0, ragged=t % block_t)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
-    acc_t_lhs = rt.fill_past(sum_exp_t_terms, t_start, t, 1, 0, ragged=t % block_t)
-    acc_t_rhs = rt.fill_past(v.astype(jnp.float32), t_start, t, 0, 0, ragged=t % block_t)
+    acc_t_lhs = rt.fill_past(sum_exp_t_terms, step * block_t, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(v.astype(jnp.float32), step * block_t, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -4063,7 +4065,6 @@ def gqa(q, k, v):
 
 
 def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t):
-    t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
     @pl.when(step == 0)
@@ -4077,8 +4078,8 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
-    acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), t_start, t, 1, 0, ragged=t % block_t)
-    acc_t_rhs = rt.fill_past(k, t_start, t, 0, 0, ragged=t % block_t)
+    acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -4328,7 +4329,6 @@ def gqa_backward_dq(q, k, v, o, do, lse):
 def _gqa_backward_dkdv_kernel(
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_r_ref, dv_r_ref, acc_s_ref, acc_s_2_ref, *, size_s, block_s
 ):
-    s_start = pl.program_id(4) * block_s
     step = pl.program_id(4)
 
     @pl.when(step == 0)
@@ -4342,11 +4342,13 @@ def _gqa_backward_dkdv_kernel(
     p = jnp.exp(s - lse)
     dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
-    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-    acc_s_rhs = rt.fill_past(do, s_start, size_s, 0, 0, ragged=size_s % block_s)
+    acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
+    acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-    acc_s_2_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), s_start, size_s, 1, 0, ragged=size_s % block_s)
-    acc_s_2_rhs = rt.fill_past(q, s_start, size_s, 0, 0, ragged=size_s % block_s)
+    acc_s_2_lhs = rt.fill_past(
+        (ds * 0.088388).astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s
+    )
+    acc_s_2_rhs = rt.fill_past(q, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(4) - 1)
@@ -4760,7 +4762,6 @@ def gqa_backward_over_r(dk_r, dv_r):
 
 
 def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
-    k_start = pl.program_id(1) * block_k
     step = pl.program_id(1)
 
     @pl.when(step == 0)
@@ -4768,8 +4769,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
     x, w = x_ref[...], w_ref[...]
-    acc_k_lhs = rt.fill_past(x, k_start, k, 1, 0, ragged=k % block_k)
-    acc_k_rhs = rt.fill_past(w, k_start, k, 0, 0, ragged=k % block_k)
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(w, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(1) - 1)

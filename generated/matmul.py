@@ -690,7 +690,6 @@ def matmul_relu(x, y):
 
 
 def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -699,8 +698,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
 
     acc, dz, y = acc_ref[...], dz_ref[...], y_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
-    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -911,7 +910,6 @@ def matmul_relu_backward_x(acc, dz, y):
 
 
 def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -920,8 +918,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
 
     acc, dz, x = acc_ref[...], dz_ref[...], x_ref[...]
     dacc = jnp.where(acc > 0, dz, 0)
-    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
-    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -1303,7 +1301,6 @@ def matmul_bias_gelu(x, y, bias):
 
 
 def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1317,8 +1314,8 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -1566,7 +1563,6 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
 def _matmul_bias_gelu_backward_y_kernel(
     acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, acc_m_ref, sum_m_ref, *, m, block_m
 ):
-    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
@@ -1582,12 +1578,12 @@ def _matmul_bias_gelu_backward_y_kernel(
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
-    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
-    sum_m_block = rt.fill_past(dz_1, m_start, m, 0, 0.0, ragged=m % block_m)
+    sum_m_block = rt.fill_past(dz_1, step * block_m, m, 0, 0.0, ragged=m % block_m)
     sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -2201,7 +2197,6 @@ def batched_matmul(x, y):
 
 
 def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
-    n_start = pl.program_id(3) * block_n
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -2210,8 +2205,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
 
     dz, y = dz_ref[...], y_ref[...]
     dacc = dz.astype(jnp.bfloat16)
-    acc_n_lhs = rt.fill_past(dacc, n_start, n, 1, 0, ragged=n % block_n)
-    acc_n_rhs = rt.fill_past(y, n_start, n, 1, 0, ragged=n % block_n)
+    acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -2423,7 +2418,6 @@ def batched_matmul_backward_x(dz, y):
 
 
 def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, block_m):
-    m_start = pl.program_id(3) * block_m
     step = pl.program_id(3)
 
     @pl.when(step == 0)
@@ -2432,8 +2426,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
 
     dz, x = dz_ref[...], x_ref[...]
     dacc = dz.astype(jnp.bfloat16)
-    acc_m_lhs = rt.fill_past(x, m_start, m, 0, 0, ragged=m % block_m)
-    acc_m_rhs = rt.fill_past(dacc, m_start, m, 0, 0, ragged=m % block_m)
+    acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )

@@ -50,14 +50,14 @@ DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tile
 
 
 def on_triton(checked: CheckedKernel) -> CheckedKernel:
-    """The kernel as a Triton program computes it. A kernel of at most one product of two
-    inputs (not a fused one) is blocked along each dimension its GPU blocks name (`gpu
-    block`, else Triton's defaults: every dimension but those reduced whole) whatever
+    """The kernel as a Triton program computes it: blocked along each dimension its GPU
+    blocks name (`gpu block`, else Triton's defaults, `options.default_blocks`) whatever
     the TPU's blocks say; a lone product loops over its contracted dimension's blocks:
     the TPU may take a dimension whole that a program cannot hold (its operands would
-    outgrow shared memory at large sizes)."""
+    outgrow shared memory at large sizes). A framed kernel's GPU blocks are its TPU
+    blocks' dimensions."""
     gpu_blocks = checked.settings["gpu"].blocks
-    if checked.framed or set(gpu_blocks) <= set(checked.blocks):
+    if set(gpu_blocks) <= set(checked.blocks):
         return checked
     frame, blocks = checked.frame, {**checked.blocks, **gpu_blocks}
     sweep, problems = sweep_of(checked.kernel, checked.types, blocks, frame.batch)

@@ -171,11 +171,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     if checked.sweep:
         dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
-        # A kernel of at most one product of two inputs masks a ragged block from the step's
-        # index where it masks: a start computed up front cost matmul's backward pass 2
-        # cycles more on v5e (bench --chip).
-        start = f"{step} * {block_keyword(dim)}" if not checked.framed else sweep_start
-        code = body_lowering.swept(ref_store(refs, lowered.residual_names), start, ragged)
+        # A ragged block is masked from the step's index: a start computed up front cost
+        # matmul's backward pass 2 cycles more on v5e (bench --chip).
+        code = body_lowering.swept(ref_store(refs, lowered.residual_names), f"{step} * {block_keyword(dim)}", ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
         running = code.running
