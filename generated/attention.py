@@ -5713,14 +5713,9 @@ def _rmsnorm_matmul_vjp(x, g, w, dy, *, gpu_backend, interpret):
         tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
         chips={
             None: {"default": (256, 512)},
-            "v5e": {(1024, 1024, 1024): (256, 1024)},
-            "v6e": {(1024, 1024, 1024): (512, 1024)},
+            "v5e": {"default": (512, 512), (1024, 1024, 1024): (256, 1024)},
+            "v6e": {"default": (1024, 1024), (1024, 1024, 1024): (512, 1024)},
         },
-        step=lambda m, n, k, block_m, block_n: (
-            block_m * block_n,
-            4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
-        ),
-        bounds=(1024, 512),
     ),
     triton=_rmsnorm_matmul_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 4, 1)}, ("M", "N", "K"), least=16),

@@ -882,12 +882,11 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     tpu=_matmul_relu_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-        chips={None: {"default": (256, 512, 512)}},
-        step=lambda m, k, n, block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
-        ),
-        bounds=(1024, 512, 1024),
+        chips={
+            None: {"default": (256, 512, 512)},
+            "v5e": {"default": (512, 512, 512)},
+            "v6e": {"default": (1024, 1024, 1024)},
+        },
     ),
     triton=_matmul_relu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
@@ -1052,12 +1051,11 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     tpu=_matmul_relu_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
-        chips={None: {"default": (512, 512, 256)}},
-        step=lambda k, n, m, block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
-        ),
-        bounds=(1024, 512, 1024),
+        chips={
+            None: {"default": (512, 512, 256)},
+            "v5e": {"default": (512, 512, 512)},
+            "v6e": {"default": (1024, 1024, 1024)},
+        },
     ),
     triton=_matmul_relu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
@@ -1524,13 +1522,8 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
         chips={
             None: {"default": (512, 1024, 1024)},
             "v5e": {(4096, 4096, 4096): (2048, 4096, 128)},
-            "v6e": {(4096, 4096, 4096): (1024, 4096, 512)},
+            "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 512)},
         },
-        step=lambda m, k, n, block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-        ),
-        bounds=(1024, 1024, 1024),
     ),
     triton=_matmul_bias_gelu_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N"), least=16),
@@ -1844,13 +1837,8 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
         chips={
             None: {"default": (1024, 1024, 512)},
             "v5e": {(4096, 4096, 4096): (4096, 512, 1024)},
-            "v6e": {(4096, 4096, 4096): (4096, 512, 1024)},
+            "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (4096, 512, 1024)},
         },
-        step=lambda k, n, m, block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-        ),
-        bounds=(1024, 1024, 1024),
     ),
     triton=_matmul_bias_gelu_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M"), least=16),
@@ -2389,12 +2377,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     tpu=_batched_matmul_backward_x_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
-        chips={None: {"default": (512, 1024, 1024)}},
-        step=lambda b, m, k, n, block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-        ),
-        bounds=(1024, 1024, 1024),
+        chips={None: {"default": (512, 1024, 1024)}, "v6e": {"default": (1024, 1024, 1024)}},
     ),
     triton=_batched_matmul_backward_x_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("M", "K", "N", "B"), least=16),
@@ -2594,12 +2577,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     tpu=_batched_matmul_backward_y_tpu,
     tpu_blocks=rt.TpuBlocks(
         tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
-        chips={None: {"default": (1024, 1024, 512)}},
-        step=lambda b, k, n, m, block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-        ),
-        bounds=(1024, 1024, 1024),
+        chips={None: {"default": (1024, 1024, 512)}, "v6e": {"default": (1024, 1024, 1024)}},
     ),
     triton=_batched_matmul_backward_y_gpu,
     triton_options=rt.GpuOptions({None: (64, 64, 32, 4, 1)}, ("K", "N", "M", "B"), least=16),

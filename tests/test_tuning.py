@@ -224,6 +224,36 @@ def test_a_chips_default_grows_a_products_blocks_to_its_mxu_within_its_vmem_and_
     assert chip_blocks(adds, tunable_dims(adds), V6E) == {"N": 1024}
 
 
+def test_a_product_of_a_computed_operand_takes_the_chips_product_blocks_too():
+    """relu's backward kernel for x (its operand the cotangent masked where the product was
+    positive) is fed as the product of two inputs is; a softmax's row, held whole, is not
+    (its size decides what fits in VMEM: its blocks grow at the call instead)."""
+    masked = checked("""\
+kernel dx {
+    in  acc: f32[M, N]
+    in  dz: f32[M, N]
+    in  y: f32[K, N]
+    out dx: f32[M, K]
+    let dacc = where(acc > 0.0, dz, 0.0)
+    dx = dacc @ y.T
+    block M = 256, K = 512, N = 512
+}
+""")
+    assert masked.product is None and masked.framed
+    assert chip_blocks(masked, ["M", "K", "N"], V5E) == {"M": 512, "K": 512, "N": 512}
+    assert chip_blocks(masked, ["M", "K", "N"], V6E) == {"M": 1024, "K": 1024, "N": 1024}
+    softmax = checked("""\
+kernel matmul_softmax {
+    in  x: bf16[M, K]
+    in  w: bf16[K, N]
+    out y: f32[M, N]
+    y = softmax(x @ w, N)
+    block M = 128, K = 512
+}
+""")
+    assert chip_blocks(softmax, ["M", "K"], V6E) == {"M": 128, "K": 512}
+
+
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 
 

@@ -40,6 +40,7 @@ from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, fr
 from pallasgen.backends.tpu.chips import (
     FUSED_BLOCK,
     chip_blocks,
+    one_product_dims,
     STRIP_COLS,
     STRIP_ROWS,
     STRIPED_BLOCK,
@@ -308,13 +309,14 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
     known chip, untuned, its tiles' rows and swept dimension grow (`rt.grown`) up to
     FUSED_BLOCK while a step stays within the elements and VMEM `rt.grown` allows. A kernel
     computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
-    while a strip of its step stays within them. A single product of two inputs does not
-    grow at call time: each chip has its default blocks (`chip_blocks`, its MXU's). A
-    kernel without products grows every block from the spec's (`rt.grown`)."""
+    while a strip of its step stays within them. A kernel of one product, holding no
+    dimension but its K whole, does not grow at call time: each chip has its default
+    blocks (`chip_blocks`, its MXU's). A kernel without products grows every block from
+    the spec's (`rt.grown`)."""
     if not tunable:
         return None
     fused = checked.frame
-    if checked.product is not None or not fused.products:
+    if not fused.products or one_product_dims(checked) is not None:
         # Without products every block grows, while a step's elements (of every dimension) allow.
         elements = " * ".join(block_keyword(d) if d in checked.blocks else sizes[d] for d in checked.dims)
         step = f"({elements}, {vmem_needed})" if not fused.products else ""

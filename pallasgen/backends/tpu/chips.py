@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.tiling import VMEM_CAPACITY_BYTES, tiling_problem, vmem_bytes
+from pallasgen.backends.tpu.tiling import VMEM_CAPACITY_BYTES, kernel_vmem, tiling_problem
 from pallasgen.frontend.text import format_bytes
 from pallasgen.runtime.constants import (  # noqa: F401
     MIB,
@@ -74,25 +74,28 @@ def chip_named(name: str) -> TpuChip:
 
 
 def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> dict[str, int]:
-    """A chip's default blocks for a kernel: the spec's, except that a product's M, N and
-    K grow to the chip's `product_block` (a multiple of its MXU) while the blocks fit in
+    """A chip's default blocks for a kernel: the spec's, except that the M, N and K of a
+    kernel's one product (of inputs or of computed operands: a product's backward kernel)
+    grow to the chip's `product_block` (a multiple of its MXU) while the blocks fit in
     its `product_vmem_bytes`, K first given up. Other kernels keep the spec's blocks:
     their best blocks depend on the per-step overhead, not the chip (measured)."""
     blocks = {d: checked.blocks[d] for d in tunable}
-    product = checked.product
-    if product is None:
+    dims = one_product_dims(checked)
+    if dims is None:
         return blocks
+    m, n, k = dims
     grown = dict(blocks)
-    for dim in (product.m, product.n, product.k):
+    for dim in (m, n, k):
         if dim in grown:
             grown[dim] = max(grown[dim], _round_up(chip.product_block, chip.mxu))
-    for dim in (product.k, product.n, product.m):
+    for dim in (k, n, m):
         while dim in grown and grown[dim] > blocks[dim] and _vmem(checked, grown) > chip.product_vmem_bytes:
             grown[dim] = max(grown[dim] // 2, blocks[dim])
     return grown if _vmem(checked, grown) <= chip.product_vmem_bytes else blocks
 
 
-# A fused kernel's tiles' rows and its swept dimension grow at call time up to this block
+# The tiles' rows and the swept dimension of a kernel with products that takes no chip's
+# product blocks (`one_product_dims`: attention) grow at call time up to this block
 # (the runtime's `grown`, bounded by a step's elements and VMEM): each step costs a fixed ~600 cycles
 # and small score tiles leave the MXU idle. Causal attention at 4096^2 was estimated at
 # 2.2M cycles on v5e with blocks of 256, 0.93M with 512, 0.58M with 1024
@@ -133,8 +136,25 @@ def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: Tune
     return fits(blocks)
 
 
+def one_product_dims(checked: CheckedKernel) -> tuple[str | None, str | None, str] | None:
+    """The M and N of a kernel's one product, as its tile holds them (None: an axis of
+    size 1), and its K; None for a kernel of no product or several, or one that holds a
+    dimension other than K whole (a softmax's row: its size, unknown until the call,
+    decides what fits in VMEM, and its blocks grow at call time instead)."""
+    frame = checked.frame
+    products = list(frame.products.values())
+    if len(products) != 1:
+        return None
+    whole = [d for d in checked.dims if d not in checked.blocks and d not in frame.batch]
+    if whole != [products[0].k] and whole:
+        return None
+    m, n = checked.frame.frame[products[0].node]
+    return m, n, products[0].k
+
+
 def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:
-    return vmem_bytes(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+    blocks = {**checked.blocks, **blocks}
+    return kernel_vmem(checked, blocks).total(blocks)
 
 
 def _round_up(value: int, multiple: int) -> int:
