@@ -26,7 +26,7 @@ from kernel_cases import (
 )
 from jax._src.mesh import AbstractDevice
 
-from pallasgen.analysis.fused import is_fused
+from pallasgen.analysis.fused import is_framed
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
 from pallasgen.backends import backend_named
@@ -67,7 +67,7 @@ def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
     table = SIZES[size]
     if len(layout) == 1:
         return {layout[0]: table["vector"]}
-    columns = table["head"] if is_fused(decl) else table["columns"]
+    columns = table["head"] if is_framed(decl) else table["columns"]
     sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: columns}
     for product in find_products(decl):
         for dim in {d for a in decl.inputs for d in a.dims} - set(sizes):

@@ -13,7 +13,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Sweep, sweep_over
-from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused, layout_frame
+from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_framed, layout_frame
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
@@ -68,7 +68,7 @@ class CheckedKernel:
     @property
     def framed(self) -> bool:
         """Whether its products are its frame's alone: several, of a computed operand, or
-        beside a reduction (`analysis.fused.is_fused`); it has no single `product` of two
+        beside a reduction (`analysis.fused.is_framed`); it has no single `product` of two
         inputs with a plan of its own."""
         return self.product is None and self.frame is not None and bool(self.frame.products)
 
@@ -133,7 +133,7 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     found: list[Diagnostic] = []
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
-    framed = is_fused(kernel)  # its products are the frame's alone
+    framed = is_framed(kernel)
     product, problems = (None, []) if framed else analyze_product(kernel)
     found.extend(problems)
     found.extend(check_accumulate(kernel, product))
@@ -276,7 +276,7 @@ def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnos
 
 
 def derive_space(
-    kernel: ir.Kernel, product: Product | None, framed: bool = False
+    kernel: ir.Kernel, product: Product | None, framed: bool
 ) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
     """The iteration space, where each size comes from, and the dimension rules (`framed`:
     a kernel whose products are its frame's, `analysis.fused`, which has rules of its own)."""

@@ -25,9 +25,10 @@ from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 
 
-def is_fused(kernel: ir.Kernel) -> bool:
-    """Whether a kernel needs the fused path: several products, a product of a value that
-    is not an input array, or a product beside a reduction or softmax."""
+def is_framed(kernel: ir.Kernel) -> bool:
+    """Whether a kernel's products are its frame's alone, with no single product of two
+    inputs (`analysis.product`) to plan: several products, a product of a value that is
+    not an input array, or a product beside a reduction or softmax."""
     nodes = list(ir.walk(*(s.value for s in kernel.body)))
     products = [n for n in nodes if isinstance(n, ir.Binary) and n.op == "@"]
     if not products:

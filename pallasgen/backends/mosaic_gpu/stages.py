@@ -19,7 +19,7 @@ import dataclasses
 
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import is_fused
+from pallasgen.analysis.fused import is_framed
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import Namer
 from pallasgen.gradients.reverse import substitute
@@ -130,7 +130,7 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     inputs = tuple(names.inputs)
     outputs = tuple(o for o in kernel.outputs if o not in apart)
     final = stage_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, outputs, body, {})
-    if is_fused(final):  # the product's result is reduced: written out first
+    if is_framed(final):  # the product's result is reduced: written out first
         decl = names.array("acc", checked.types[product], product.position)
         found.append(stage_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, (decl,), (), {decl.name: rest}))
         read = ir.Name(decl.name, product.position)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.runtime.constants import TARGETS
-from pallasgen.analysis.fused import is_fused
+from pallasgen.analysis.fused import is_framed
 from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.carried import check_tpu_tiles, plan_tpu, tile_layouts
 from pallasgen.backends.tpu.chips import (
@@ -40,7 +40,7 @@ class TpuBackend(Backend):
         return chip_named(name)
 
     def check(self, kernel, space, product, blocks, earlier, frame=None):
-        if frame is not None or earlier and is_fused(kernel):
+        if frame is not None or earlier and is_framed(kernel):
             return None, check_tpu_tiles(kernel, frame, blocks)
         return None, check_tpu(kernel, space, product, blocks)
 

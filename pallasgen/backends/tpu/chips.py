@@ -142,14 +142,13 @@ def one_product_dims(checked: CheckedKernel) -> tuple[str | None, str | None, st
     dimension other than K whole (a softmax's row: its size, unknown until the call,
     decides what fits in VMEM, and its blocks grow at call time instead)."""
     frame = checked.frame
-    products = list(frame.products.values())
-    if len(products) != 1:
+    if len(frame.products) != 1:
         return None
-    whole = [d for d in checked.dims if d not in checked.blocks and d not in frame.batch]
-    if whole != [products[0].k] and whole:
+    (product,) = frame.products.values()
+    if any(d not in checked.blocks and d not in frame.batch and d != product.k for d in checked.dims):
         return None
-    m, n = checked.frame.frame[products[0].node]
-    return m, n, products[0].k
+    m, n = frame.frame[product.node]
+    return m, n, product.k
 
 
 def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:
