@@ -37,7 +37,7 @@ from kernel_cases import NUMPY_DTYPES, load_module, unmasked_block_accesses
 from pallasgen.devices import compile_only
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import check_source, generate
-from pallasgen.backends.tpu.tiling import array_layouts, tiling_rule
+from pallasgen.backends.tpu.tiling import tile_layouts, tiling_rule
 
 pytestmark = pytest.mark.skipif(
     bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
@@ -151,7 +151,7 @@ def blocked(draw, skeleton: str) -> tuple[str, dict[str, int]]:
         (checked,) = check_source(skeleton, "sweep.pallas")
     except SpecError:
         reject()  # the skeleton is not a valid spec: this sweep is about ones that are
-    layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
+    layouts = tile_layouts(checked.kernel, checked.frame)
     blocks = {}
     for dim in checked.dims:
         rule = tiling_rule(dim, layouts)

@@ -156,7 +156,7 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     if frame is not None:
         sweep, problems = sweep_of(kernel, types, blocks, frame.batch)
         found.extend(problems)
-    passed = frame if framed and not found else None  # the backends check a framed kernel that passed
+    passed = None if found else frame  # the backends check a kernel's tiles once it has passed
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, frame=passed)

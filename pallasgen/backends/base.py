@@ -129,8 +129,8 @@ class Backend(ABC):
     ) -> tuple[object, list[Diagnostic]]:
         """This backend's settings for a kernel (None if it has none), and diagnostics
         for what it cannot do; `earlier` are the diagnostics found so far; `frame`: the
-        tiles (analysis.fused) of a kernel whose products are its frame's (`framed`),
-        once it has passed every check before the backends'."""
+        kernel's tiles (analysis.fused), once it has passed every check before the
+        backends' (None before)."""
 
     @abstractmethod
     def keywords(self, checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> KeywordGroup:

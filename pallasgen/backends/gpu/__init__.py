@@ -20,7 +20,7 @@ class GpuBackend(Backend):
 
     def check(self, kernel, space, product, blocks, earlier, frame=None):
         settings, problems = check_gpu(kernel, space, product, blocks, earlier)
-        if frame is None:
+        if frame is None or product is not None or not frame.products:  # not a framed kernel
             return settings, problems
         given = {item.dim: item.size for item in kernel.gpu_blocks}
         return replace(settings, blocks=default_gpu_blocks(kernel, blocks, frame, given)), problems

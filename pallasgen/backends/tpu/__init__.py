@@ -5,9 +5,9 @@ from __future__ import annotations
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.runtime.constants import TARGETS
-from pallasgen.analysis.fused import is_framed
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.carried import check_tpu_tiles, plan_tpu, tile_layouts
+from pallasgen.backends.tpu.carried import plan_tpu
+from pallasgen.backends.tpu.tiling import tile_layouts
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
     chip_named,
@@ -40,9 +40,7 @@ class TpuBackend(Backend):
         return chip_named(name)
 
     def check(self, kernel, space, product, blocks, earlier, frame=None):
-        if frame is not None or earlier and is_framed(kernel):
-            return None, check_tpu_tiles(kernel, frame, blocks)
-        return None, check_tpu(kernel, space, product, blocks)
+        return None, check_tpu(kernel, frame, product, blocks)
 
     def keywords(self, checked, targets=TARGETS):
         return keyword_group(checked)
@@ -95,12 +93,12 @@ class TpuBackend(Backend):
     def tuning_problem(self, checked, chosen):
         """Why blocks (over the spec's) overflow VMEM, or None."""
         blocks = {**checked.blocks, **chosen}
-        return vmem_problem(kernel_vmem(checked, blocks), blocks)
+        return vmem_problem(kernel_vmem(checked.kernel, checked.frame, checked.product, blocks), blocks)
 
     def memory_bytes(self, checked, blocks) -> int:
         """VMEM of the blocks (dimensions taken whole count as 1): `tiling.kernel_vmem`."""
         blocks = {**checked.blocks, **blocks}
-        return kernel_vmem(checked, blocks).total(blocks)
+        return kernel_vmem(checked.kernel, checked.frame, checked.product, blocks).total(blocks)
 
     def build_warnings(self, checked) -> list[str]:
         message = default_blocks_vmem_warning(checked, self.tunable_dims(checked), self.memory_bytes)

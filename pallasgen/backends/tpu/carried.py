@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
+from pallasgen.analysis.dtypes import tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import walk_outside
 from pallasgen.analysis.fused import array_axes
@@ -46,9 +46,8 @@ from pallasgen.backends.tpu.chips import (
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import Vmem, accumulates_elementwise, holds_rows, kernel_vmem, tiling_problem
+from pallasgen.backends.tpu.tiling import Vmem, accumulates_elementwise, holds_rows, kernel_vmem, tile_layouts
 from pallasgen.frontend import ir
-from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
@@ -84,28 +83,6 @@ def in_every_output(kernel: ir.Kernel, dim: str) -> bool:
     blocks of one that an output lacks each write that output's same block, which the
     cores of a multicore chip would race on (dy's K beside dbias [N]): they run in order."""
     return all(dim in out.dims for out in kernel.outputs)
-
-
-def tile_layouts(kernel: ir.Kernel, fused) -> list[tuple[tuple[str, ...], object]]:
-    """Each array's block as Mosaic sees it: its tile axes (batch ones squeezed)."""
-    layouts = []
-    for decl in kernel.inputs + kernel.outputs:
-        axes = array_axes(decl, fused)[len([d for d in decl.dims if d in fused.batch]) :]
-        layouts.append((tuple(a or "(1)" for a in axes), DTYPES[decl.dtype]))
-    return layouts
-
-
-def check_tpu_tiles(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Diagnostic]:
-    """Blocks Mosaic can tile, as each array holds them."""
-    if fused is None:
-        return []
-    layouts = tile_layouts(kernel, fused)
-    found = []
-    for item in kernel.blocks:
-        problem = tiling_problem(item.dim, item.size, layouts) if item.dim not in fused.batch else None
-        if problem:
-            found.append(Diagnostic(item.position, problem))
-    return found
 
 
 def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
@@ -239,7 +216,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
 
     def needs(kernel: ir.Kernel) -> Vmem:
-        return kernel_vmem(checked, checked.blocks, kernel, running)
+        return kernel_vmem(kernel, fused, checked.product, checked.blocks, running)
 
     needed = needs(kernel)
     # As (bytes, dims) terms; the residuals' blocks only where the launcher writes them.

@@ -10,10 +10,9 @@ from pallasgen.frontend.text import format_bytes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
-from pallasgen.lowering.parts import layout_of
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
-from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.fused import FusedKernel, array_axes
 
 from pallasgen.runtime.constants import (  # noqa: F401
     SCOPED_VMEM_BYTES,
@@ -30,18 +29,14 @@ SUBLANES, LANES = TPU_SUBLANES, TPU_LANES
 Layout = tuple[tuple[str | None, ...], DType]
 
 
-def array_layouts(kernel: ir.Kernel, layout: tuple[str, ...], product: Product | None) -> list[Layout]:
-    """The dimensions each array is blocked over, and its dtype.
-
-    Product operands keep their own dimensions; every other array is laid out over
-    the kernel's `layout` (IterationSpace.layout), with None where it lacks one (size
-    1, which is whole).
-    """
-    return [
-        (layout_of(decl, layout, product), DTYPES[decl.dtype])
-        for decl in kernel.inputs + kernel.outputs
-        if decl.dtype in DTYPES
-    ]
+def tile_layouts(kernel: ir.Kernel, fused: FusedKernel) -> list[Layout]:
+    """Each array's block as Mosaic sees it, and its dtype: its tile axes (batch ones
+    squeezed; "(1)" where it has size 1, which is whole)."""
+    layouts = []
+    for decl in kernel.inputs + kernel.outputs:
+        axes = array_axes(decl, fused)[len([d for d in decl.dims if d in fused.batch]) :]
+        layouts.append((tuple(a or "(1)" for a in axes), DTYPES[decl.dtype]))
+    return layouts
 
 
 @dataclass(frozen=True)
@@ -193,16 +188,15 @@ class Vmem:
         return " + ".join(terms)
 
 
-def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None, running=()) -> Vmem:
-    """What a step of a checked kernel holds in VMEM at `blocks` (`kernel`: the checked
-    one, or it without its residuals). A kernel of at most one product of two inputs:
-    its arrays' double-buffered blocks and working copies (`vmem`); a fused one: its
-    arrays' blocks and the `running` values it carries in scratch, its working tiles
-    left to the compiler (small beside them at the blocks a search tries)."""
-    kernel = kernel or checked.kernel
-    if not checked.framed:
-        return vmem(kernel, blocks, checked.product)
-    frame = checked.frame
+def kernel_vmem(kernel: ir.Kernel, frame: FusedKernel, product: Product | None, blocked, running=()) -> Vmem:
+    """What a step of a kernel with tiles `frame` and `product` holds in VMEM, its `blocked`
+    dimensions blocked (`running`: the values it carries in scratch, where known). A kernel of
+    at most one product of two inputs: its arrays' double-buffered blocks and working
+    copies (`vmem`); a framed one: its arrays' blocks and the `running` values it carries
+    in scratch, its working tiles left to the compiler (small beside them at the blocks a
+    search tries)."""
+    if product is not None or not frame.products:
+        return vmem(kernel, blocked, product)
     parts = [
         VmemPart(
             decl.name,
