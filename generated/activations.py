@@ -253,8 +253,8 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -287,8 +287,8 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -391,8 +391,8 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
@@ -431,8 +431,8 @@ def _bias_gelu_backward_gpu(x, bias, scale, dy, *, m, n, block_m, block_n, num_w
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: bf16[M, N]
@@ -546,11 +546,11 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),  # scale: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(
@@ -596,11 +596,11 @@ def _bias_gelu_backward_over_m_gpu(x, bias, scale, dy, *, m, n, block_m, block_n
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),  # bias: f32[N]
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # scale: f32[M]
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -724,11 +724,11 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # dscale: f32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],  # sum_n_ref: the running sum over N
         compiler_params=rt.tpu_params(
@@ -774,11 +774,11 @@ def _bias_gelu_backward_over_n_gpu(x, bias, scale, dy, *, m, n, block_m, block_n
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # bias: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # bias: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # dscale: f32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -884,7 +884,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
@@ -912,7 +912,7 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # q: i8[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),

@@ -113,7 +113,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
         ],
         out_specs=(
@@ -200,7 +200,8 @@ def _attention_gpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, 
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -352,19 +353,16 @@ def attention(q, k, v, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
     o = (
         jnp.expand_dims(
-            jnp.einsum("bhsdt,bhsdt->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
+            jnp.einsum("bhsdt,bhtd->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
         )
         / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
@@ -476,7 +474,7 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
             *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             *[pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0))] * 2,  # lse, dlse: f32[B, H, S]
@@ -563,7 +561,8 @@ def _attention_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
             # o, do: bf16[B, H, S, D]
             *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             *[pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0))] * 2,  # lse, dlse: f32[B, H, S]
@@ -722,9 +721,6 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
@@ -732,11 +728,11 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhtd->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32) - dlse
     ds = p * (dp - delta)
     ds_1 = jnp.where(
@@ -746,8 +742,7 @@ def attention_backward_dq(q, k, v, o, do, lse, dlse, *, scale=0.125):
         0,
     )
     dq = jnp.expand_dims(
-        jnp.einsum("bhsdt,bhsdt->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
-        (4,),
+        jnp.einsum("bhsdt,bhtd->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
     delta = delta.reshape((b, h, size_s))
@@ -847,9 +842,11 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
         # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # lse, delta: f32[B, H, S]
             *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
@@ -937,9 +934,11 @@ def _attention_backward_dkdv_gpu(
         # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
         # dk, dv: bf16[B, H, T, D]
@@ -1090,23 +1089,19 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhtds,bhsd->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
@@ -1115,8 +1110,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
         0,
     )
     dk = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
-        (4,),
+        jnp.einsum("bhtds,bhsd->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
     dv = dv.reshape((b, h, t, d))
@@ -1200,7 +1194,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
             *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
@@ -1276,7 +1270,8 @@ def _attention_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
             # o, do: bf16[B, H, S, D]
             *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
@@ -1439,25 +1434,22 @@ def attention_dq(q, k, v, o, do, lse, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhtd->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     dq = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhsdt,bhsdt->bhsd", (p * (dp - delta)).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32
+                "bhsdt,bhtd->bhsd", (p * (dp - delta)).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -1552,9 +1544,11 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
         # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # lse, delta: f32[B, H, S]
             *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
@@ -1633,9 +1627,11 @@ def _attention_dkdv_gpu(
         # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, 1, s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
         # dk, dv: bf16[B, H, T, D]
@@ -1792,27 +1788,23 @@ def attention_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """
     b, h, s, d = q.shape
     t = k.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
     st = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     pt = jnp.exp(st - lse)
     dv = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", pt.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhtds,bhsd->bhtd", pt.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dpt = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
+    dpt = jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     dk = (
         jnp.expand_dims(
             jnp.einsum(
-                "bhtds,bhtds->bhtd", (pt * (dpt - delta)).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32
+                "bhtds,bhsd->bhtd", (pt * (dpt - delta)).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32
             ),
             (4,),
         )
@@ -1870,7 +1862,8 @@ def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale,
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -1952,7 +1945,8 @@ def _attention_full_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -2096,14 +2090,11 @@ def attention_full(q, k, v, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
-    s = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
+    s = jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
     p = jnp.exp(s - jnp.max(s, axis=4, keepdims=True))
     o = (
         jnp.expand_dims(
-            jnp.einsum("bhsdt,bhsdt->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
+            jnp.einsum("bhsdt,bhtd->bhsd", p.astype(jnp.bfloat16), v, preferred_element_type=jnp.float32), (4,)
         )
         / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
@@ -2150,7 +2141,8 @@ def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, 
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0))] * 2,
             *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
         ],
@@ -2218,7 +2210,8 @@ def _attention_full_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
             # o, do: bf16[B, H, S, D]
             *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
@@ -2356,19 +2349,16 @@ def attention_full_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
-    s = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
+    s = jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhtd->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
-        jnp.einsum("bhsdt,bhsdt->bhsd", (ds * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhsdt,bhtd->bhsd", (ds * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
     delta = delta.reshape((b, h, size_s))
@@ -2417,9 +2407,11 @@ def _attention_full_backward_dkdv_tpu(
         # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
             *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j))] * 2,  # lse, delta: f32[B, H, S]
         ],
         # dk, dv: bf16[B, H, T, D]
@@ -2492,9 +2484,11 @@ def _attention_full_backward_dkdv_gpu(
         # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
         # dk, dv: bf16[B, H, T, D]
@@ -2626,21 +2620,17 @@ def attention_full_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125):
     """The backward pass of `attention_full` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
-    s = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale
+    s = jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhtds,bhsd->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     dk = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", (ds * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhtds,bhsd->bhtd", (ds * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
     dv = dv.reshape((b, h, t, d))
@@ -2737,7 +2727,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
         ],
         out_specs=(
@@ -2831,7 +2821,8 @@ def _attention_bottom_right_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k: bf16[B, H, T, D], read transposed; v: bf16[B, H, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
         ],
         out_specs=(
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # o: bf16[B, H, S, D]
@@ -3001,17 +2992,14 @@ def attention_bottom_right(q, k, v, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     o = jnp.expand_dims(
-        jnp.einsum("bhsdt,bhsdt->bhsd", jax.nn.softmax(s, axis=4), v, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhsdt,bhtd->bhsd", jax.nn.softmax(s, axis=4), v, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, size_s, d))
     return o
@@ -3110,7 +3098,7 @@ def _attention_bottom_right_backward_dq_tpu(
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0))] * 2,
             *[pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # o, do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),  # lse: f32[B, H, S]
@@ -3195,7 +3183,8 @@ def _attention_bottom_right_backward_dq_gpu(
         grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0)),  # q: bf16[B, H, S, D]
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,  # k, v: bf16[B, H, T, D]
+            # k, v: bf16[B, H, T, D], read transposed
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, h, i: (b, h, 0, 0))] * 2,
             # o, do: bf16[B, H, S, D]
             *[pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i: (b, h, i, 0))] * 2,
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i: (b, h, i, 0)),  # lse: f32[B, H, S]
@@ -3356,20 +3345,17 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
     """
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
-        jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhsd,bhtd->bhst", q, k, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhsdt->bhst", do, v, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhsdt,bhtd->bhst", do, v, preferred_element_type=jnp.float32), (3,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     ds_1 = jnp.where(
@@ -3379,8 +3365,7 @@ def attention_bottom_right_backward_dq(q, k, v, o, do, lse, *, scale=0.125):
         0,
     )
     dq = jnp.expand_dims(
-        jnp.einsum("bhsdt,bhsdt->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
-        (4,),
+        jnp.einsum("bhsdt,bhtd->bhsd", (ds_1 * scale).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, size_s, d))
     delta = delta.reshape((b, h, size_s))
@@ -3487,9 +3472,11 @@ def _attention_bottom_right_backward_dkdv_tpu(
         # independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             *[pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # lse, delta: f32[B, H, S]
             *[pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j)))] * 2,
         ],
@@ -3579,9 +3566,11 @@ def _attention_bottom_right_backward_dkdv_gpu(
         # (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # q: bf16[B, H, S, D]
+            # q: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i: (b, h, i, 0))] * 2,  # k, v: bf16[B, H, T, D]
-            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),  # do: bf16[B, H, S, D]
+            # do: bf16[B, H, S, D], read transposed
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i: (b, h, 0, 0)),
             *[pl.BlockSpec((None, None, 1, size_s), lambda b, h, i: (b, h, 0, 0))] * 2,  # lse, delta: f32[B, H, S]
         ],
         # dk, dv: bf16[B, H, T, D]
@@ -3737,23 +3726,19 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
     """The backward pass of `attention_bottom_right` (FlashAttention-2): dk, dv: one pass over S."""
     b, h, size_s, d = q.shape
     t = k.shape[2]
-    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
-    k = k[:, :, :, :, None]
-    v = v[:, :, :, :, None]
-    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
-        jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
+        jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", k, q, preferred_element_type=jnp.float32), (3,)) * scale,
         -jnp.inf,
     )
     p = jnp.exp(s - lse)
     dv = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
+        jnp.einsum("bhtds,bhsd->bhtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
-    dp = jnp.expand_dims(jnp.einsum("bhtds,bhtds->bhts", v, do, preferred_element_type=jnp.float32), (3,))
+    dp = jnp.expand_dims(jnp.einsum("bhtd,bhsd->bhts", v, do, preferred_element_type=jnp.float32), (3,))
     ds = p * (dp - delta)
     ds_1 = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
@@ -3762,8 +3747,7 @@ def attention_bottom_right_backward_dkdv(q, k, v, do, lse, delta, *, scale=0.125
         0,
     )
     dk = jnp.expand_dims(
-        jnp.einsum("bhtds,bhtds->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
-        (4,),
+        jnp.einsum("bhtds,bhsd->bhtd", (ds_1 * scale).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32), (4,)
     ).astype(jnp.bfloat16)
     dk = dk.reshape((b, h, t, d))
     dv = dv.reshape((b, h, t, d))
@@ -3816,7 +3800,8 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, int
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # k: bf16[B, G, T, D], read transposed; v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
@@ -3901,7 +3886,8 @@ def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # k: bf16[B, G, T, D], read transposed; v: bf16[B, G, T, D]
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,
         ],
         out_specs=(
             # o: bf16[B, G, R, S, D]
@@ -4053,12 +4039,9 @@ def gqa(q, k, v):
     """
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
-    s = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
+    s = jnp.expand_dims(jnp.einsum("bgrsd,bgtd->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
     o = jnp.expand_dims(
-        jnp.einsum("bgrsdt,bgrsdt->bgrsd", jax.nn.softmax(s, axis=5), v, preferred_element_type=jnp.float32), (5,)
+        jnp.einsum("bgrsdt,bgtd->bgrsd", jax.nn.softmax(s, axis=5), v, preferred_element_type=jnp.float32), (5,)
     ).astype(jnp.bfloat16)
     o = o.reshape((b, g, r, size_s, d))
     return o
@@ -4102,7 +4085,8 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s,
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
-            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # k, v: bf16[B, G, T, D], read transposed
+            *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0))] * 2,
             # o, do: bf16[B, G, R, S, D]
             *[pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0))] * 2,
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
@@ -4172,7 +4156,8 @@ def _gqa_backward_dq_gpu(
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0)),
-            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,  # k, v: bf16[B, G, T, D]
+            # k, v: bf16[B, G, T, D], read transposed
+            *[pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i: (b, g, 0, 0))] * 2,
             # o, do: bf16[B, G, R, S, D]
             *[pl.BlockSpec((None, None, None, block_s, block_d), lambda b, g, r, i: (b, g, r, i, 0))] * 2,
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i: (b, g, r, i, 0)),  # lse: f32[B, G, R, S]
@@ -4306,19 +4291,16 @@ def gqa_backward_dq(q, k, v, o, do, lse):
     """The backward pass of `gqa` (FlashAttention-2): dq, and delta = sum(do * o) per query: one pass over T."""
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
-    q = q[:, :, :, :, :, None]
-    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
-    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
     o = o[:, :, :, :, :, None]
     do = do[:, :, :, :, :, None]
     lse = lse[:, :, :, :, None, None]
-    s = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
+    s = jnp.expand_dims(jnp.einsum("bgrsd,bgtd->bgrst", q, k, preferred_element_type=jnp.float32), (4,)) * 0.088388
     p = jnp.exp(s - lse)
-    dp = jnp.expand_dims(jnp.einsum("bgrsdt,bgrsdt->bgrst", do, v, preferred_element_type=jnp.float32), (4,))
+    dp = jnp.expand_dims(jnp.einsum("bgrsdt,bgtd->bgrst", do, v, preferred_element_type=jnp.float32), (4,))
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32)
     ds = p * (dp - delta)
     dq = jnp.expand_dims(
-        jnp.einsum("bgrsdt,bgrsdt->bgrsd", (ds * 0.088388).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
+        jnp.einsum("bgrsdt,bgtd->bgrsd", (ds * 0.088388).astype(jnp.bfloat16), k, preferred_element_type=jnp.float32),
         (5,),
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, g, r, size_s, d))
@@ -4368,10 +4350,10 @@ def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, bl
         # G, R, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, G, R, S, D]
+            # q: bf16[B, G, R, S, D], read transposed
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
             *[pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0))] * 2,  # k, v: bf16[B, G, T, D]
-            # do: bf16[B, G, R, S, D]
+            # do: bf16[B, G, R, S, D], read transposed
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
             # lse, delta: f32[B, G, R, S]
             *[pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j))] * 2,
@@ -4444,11 +4426,11 @@ def _gqa_backward_dkdv_gpu(
         # holds all of D (a power-of-two block). Each loops over S's blocks, carrying running values.
         grid=(b, g, r, pl.cdiv(t, block_t)),
         in_specs=[
-            # q: bf16[B, G, R, S, D]
+            # q: bf16[B, G, R, S, D], read transposed
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
             # k, v: bf16[B, G, T, D]
             *[pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i: (b, g, i, 0))] * 2,
-            # do: bf16[B, G, R, S, D]
+            # do: bf16[B, G, R, S, D], read transposed
             pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i: (b, g, r, 0, 0)),
             # lse, delta: f32[B, G, R, S]
             *[pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i: (b, g, r, 0, 0))] * 2,
@@ -4583,21 +4565,17 @@ def gqa_backward_dkdv(q, k, v, do, lse, delta):
     """The backward pass of `gqa` (FlashAttention-2): dk, dv: one pass over S (per element of R, summed next)."""
     b, g, r, size_s, d = q.shape
     t = k.shape[2]
-    q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
-    k = k[:, :, None, :, :, None]
-    v = v[:, :, None, :, :, None]
-    do = jnp.transpose(do, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
     lse = lse[:, :, :, None, None, :]
     delta = delta[:, :, :, None, None, :]
-    s = jnp.expand_dims(jnp.einsum("bgrtds,bgrtds->bgrts", k, q, preferred_element_type=jnp.float32), (4,)) * 0.088388
+    s = jnp.expand_dims(jnp.einsum("bgtd,bgrsd->bgrts", k, q, preferred_element_type=jnp.float32), (4,)) * 0.088388
     p = jnp.exp(s - lse)
     dv_r = jnp.expand_dims(
-        jnp.einsum("bgrtds,bgrtds->bgrtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (5,)
+        jnp.einsum("bgrtds,bgrsd->bgrtd", p.astype(jnp.bfloat16), do, preferred_element_type=jnp.float32), (5,)
     )
-    dp = jnp.expand_dims(jnp.einsum("bgrtds,bgrtds->bgrts", v, do, preferred_element_type=jnp.float32), (4,))
+    dp = jnp.expand_dims(jnp.einsum("bgtd,bgrsd->bgrts", v, do, preferred_element_type=jnp.float32), (4,))
     ds = p * (dp - delta)
     dk_r = jnp.expand_dims(
-        jnp.einsum("bgrtds,bgrtds->bgrtd", (ds * 0.088388).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
+        jnp.einsum("bgrtds,bgrsd->bgrtd", (ds * 0.088388).astype(jnp.bfloat16), q, preferred_element_type=jnp.float32),
         (5,),
     )
     dk_r = dk_r.reshape((b, g, r, t, d))
@@ -4621,7 +4599,7 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
         # dk_r, dv_r: f32[B, G, R, T, D]
         in_specs=[pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0))] * 2,
-        # dk, dv: bf16[B, G, T, D], broadcast over R
+        # dk, dv: bf16[B, G, T, D]
         out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),) * 2,
         out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=rt.tpu_params(
@@ -4671,7 +4649,7 @@ def _gqa_backward_over_r_gpu(
         # dk_r, dv_r: f32[B, G, R, T, D]
         in_specs=[pl.BlockSpec((block_b, block_g, block_r, block_t, block_d), lambda i, j, k, i3: (i, j, 0, k, i3))]
         * 2,
-        # dk, dv: bf16[B, G, T, D], broadcast over R
+        # dk, dv: bf16[B, G, T, D]
         out_specs=(pl.BlockSpec((block_b, block_g, 1, block_t, block_d), lambda i, j, k, i3: (i, j, 0, k, i3)),) * 2,
         out_shape=(jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),) * 2,  # dk, dv
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -5020,11 +4998,7 @@ def matmul_softmax(x, w):
     """
     m, k = x.shape
     n = w.shape[1]
-    x = x[:, None, :]
-    w = jnp.transpose(w, (1, 0))[None, :, :]
-    y = jax.nn.softmax(
-        jnp.expand_dims(jnp.einsum("mnk,mnk->mn", x, w, preferred_element_type=jnp.float32), (2,)), axis=1
-    )
+    y = jax.nn.softmax(jnp.expand_dims(jnp.einsum("mk,kn->mn", x, w, preferred_element_type=jnp.float32), (2,)), axis=1)
     y = y.reshape((m, n))
     return y
 
@@ -5316,8 +5290,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, block_m, block_k,
 )
 def matmul_softmax_backward_x(dacc, w):
     """The backward pass of `matmul_softmax`: the cotangent dx of its input x, from dacc, that of its product."""
-    acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
+    dx = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dx
 
 
@@ -5479,8 +5452,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, block_k, block_n,
 )
 def matmul_softmax_backward_w(x, dacc):
     """The backward pass of `matmul_softmax`: the cotangent dw of its input w, from dacc, that of its product."""
-    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
+    dw = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dw
 
 
@@ -5734,11 +5706,10 @@ def rmsnorm_matmul(x, g, w):
     n = w.shape[1]
     x = x[:, None, :]
     g = g[None, None, :]
-    w = jnp.transpose(w, (1, 0))[None, :, :]
     h = x.astype(jnp.float32)
     y = jnp.expand_dims(
         jnp.einsum(
-            "mnk,mnk->mn",
+            "mnk,kn->mn",
             (h * jax.lax.rsqrt(jnp.mean((h * h), axis=2, keepdims=True, dtype=jnp.float32) + 1e-06) * g).astype(
                 jnp.bfloat16
             ),
@@ -5768,11 +5739,11 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K]
         ],
         out_specs=(
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -5808,11 +5779,11 @@ def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, inter
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -6007,8 +5978,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k,
 )
 def rmsnorm_matmul_backward_lhs(dy, w):
     """The backward pass of `rmsnorm_matmul`: the cotangent dlhs of its input lhs, from dy, that of its product."""
-    acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
-    dlhs = acc.astype(jnp.bfloat16)
+    dlhs = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dlhs
 
 
@@ -6099,8 +6069,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, block_k, block_n,
 )
 def rmsnorm_matmul_backward_w(lhs, dy):
     """The backward pass of `rmsnorm_matmul`: the cotangent dw of its input w, from dy, that of its product."""
-    acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
+    dw = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dw
 
 
@@ -6125,8 +6094,8 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M]
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
         out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dx: bf16[M, K]
@@ -6167,8 +6136,8 @@ def _rmsnorm_matmul_lhs_backward_gpu(x, g, mean_k, dlhs, *, m, k, block_m, num_w
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M]
             pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),  # dx: bf16[M, K]
@@ -6324,10 +6293,10 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M]
             pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
+        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K]
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)),
@@ -6371,10 +6340,10 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
         grid=(pl.cdiv(k, block_k),),
         in_specs=[
             pl.BlockSpec((m, block_k), lambda i: (0, i)),  # x: bf16[M, K]
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_k: f32[M]
             pl.BlockSpec((m, block_k), lambda i: (0, i)),  # dlhs: bf16[M, K]
         ],
-        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),  # dg: f32[K], broadcast over M
+        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),  # dg: f32[K]
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -83,12 +83,11 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, inte
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # label: i32[M]
         ],
         out_specs=(
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)) if residuals else None,
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # loss: f32[M]
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)) if residuals else None,  # logsumexp_v: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -169,12 +168,11 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, v), lambda i: (i, 0)),  # logits: bf16[M, V]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # label: i32[M]
         ],
         out_specs=(
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M], broadcast over V
-            # logsumexp_v: f32[M], broadcast over V
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # loss: f32[M]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # logsumexp_v: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
@@ -331,8 +329,7 @@ def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, bloc
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            # label: i32[M], broadcast over V; logsumexp_v: f32[M], broadcast over V; dloss: f32[M], broadcast over V
-            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,  # label: i32[M]; logsumexp_v: f32[M]; dloss: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
@@ -369,8 +366,7 @@ def _cross_entropy_backward_gpu(
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # logits: bf16[M, V]
-            # label: i32[M], broadcast over V; logsumexp_v: f32[M], broadcast over V; dloss: f32[M], broadcast over V
-            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,  # label: i32[M]; logsumexp_v: f32[M]; dloss: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),  # dlogits: bf16[M, V]
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),

@@ -684,8 +684,7 @@ def matmul_relu(x, y):
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y
     (_matmul_relu_vjp).
     """
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.relu(acc)
+    z = jax.nn.relu(jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32))
     return z
 
 
@@ -719,7 +718,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             *[pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k))] * 2,  # acc, dz: f32[M, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: f32[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
@@ -763,7 +762,7 @@ def _matmul_relu_backward_x_gpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             *[pl.BlockSpec((block_m, n), lambda i, j: (i, 0))] * 2,  # acc, dz: f32[M, N]
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: f32[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: f32[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
@@ -901,9 +900,8 @@ def matmul_relu_backward_x(acc, dz, y):
     k = y.shape[0]
     acc = acc[:, None, :]
     dz = dz[:, None, :]
-    y = y[None, :, :]
     dacc = jnp.where(acc > 0, dz, 0)
-    dx = jnp.expand_dims(jnp.einsum("mkn,mkn->mk", dacc, y, preferred_element_type=jnp.float32), (2,))
+    dx = jnp.expand_dims(jnp.einsum("mkn,kn->mk", dacc, y, preferred_element_type=jnp.float32), (2,))
     dx = dx.reshape((m, k))
     return dx
 
@@ -938,7 +936,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             *[pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j))] * 2,  # acc, dz: f32[M, N]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),  # x: f32[M, K], read transposed
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
@@ -983,7 +981,7 @@ def _matmul_relu_backward_y_gpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             *[pl.BlockSpec((m, block_n), lambda i, j: (0, j))] * 2,  # acc, dz: f32[M, N]
-            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], swapped to [K, M]
+            pl.BlockSpec((block_k, m), lambda i, j: (i, 0)),  # x: f32[M, K], read transposed, swapped to [K, M]
         ],
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: f32[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
@@ -1070,9 +1068,8 @@ def matmul_relu_backward_y(acc, dz, x):
     m, n = acc.shape
     acc = jnp.transpose(acc, (1, 0))[None, :, :]
     dz = jnp.transpose(dz, (1, 0))[None, :, :]
-    x = jnp.transpose(x, (1, 0))[:, None, :]
     dacc = jnp.where(acc > 0, dz, 0)
-    dy = jnp.expand_dims(jnp.einsum("knm,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,))
+    dy = jnp.expand_dims(jnp.einsum("mk,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,))
     dy = dy.reshape((k, n))
     return dy
 
@@ -1109,7 +1106,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, res
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),  # y: bf16[K, N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # z: bf16[M, N]
@@ -1171,7 +1168,7 @@ def _matmul_bias_gelu_gpu(
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
             pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # y: bf16[K, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # z: bf16[M, N]
@@ -1293,8 +1290,9 @@ def matmul_bias_gelu(x, y, bias):
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
     """
     bias = bias[None, :]
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    z = jax.nn.gelu(jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32) + bias, approximate=True).astype(
+        jnp.bfloat16
+    )
     return z
 
 
@@ -1335,7 +1333,7 @@ def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, bloc
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # acc: f32[M, N]
             pl.BlockSpec((1, block_n), lambda i, j, k: (0, k)),  # bias: f32[N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dz: bf16[M, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: bf16[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),  # y: bf16[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -1389,7 +1387,7 @@ def _matmul_bias_gelu_backward_x_gpu(
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # acc: f32[M, N]
             pl.BlockSpec((1, n), lambda i, j: (0, 0)),  # bias: f32[N]
             pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # dz: bf16[M, N]
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: bf16[K, N]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # y: bf16[K, N], read transposed
         ],
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -1539,14 +1537,13 @@ def matmul_bias_gelu_backward_x(acc, bias, dz, y):
     acc = acc[:, None, :]
     bias = bias[None, None, :]
     dz = dz[:, None, :]
-    y = y[None, :, :]
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(jnp.einsum("mkn,mkn->mk", dacc, y, preferred_element_type=jnp.float32), (2,)).astype(
+    dx = jnp.expand_dims(jnp.einsum("mkn,kn->mk", dacc, y, preferred_element_type=jnp.float32), (2,)).astype(
         jnp.bfloat16
     )
     dx = dx.reshape((m, k))
@@ -1599,7 +1596,7 @@ def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, bloc
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # acc: f32[M, N]
             pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),  # bias: f32[N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),  # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),  # x: bf16[M, K], read transposed
         ],
         out_specs=(
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, i)),  # dy: bf16[K, N]
@@ -1672,7 +1669,7 @@ def _matmul_bias_gelu_backward_y_gpu(
             pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # acc: f32[M, N]
             pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
             pl.BlockSpec((m, block_n), lambda i, j: (0, j)),  # dz: bf16[M, N]
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K]
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),  # x: bf16[M, K], read transposed
         ],
         out_specs=(
             pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),  # dy: bf16[K, N]
@@ -1854,14 +1851,13 @@ def matmul_bias_gelu_backward_y(acc, bias, dz, x):
     acc = jnp.transpose(acc, (1, 0))[None, :, :]
     bias = bias[None, :, None]
     dz = jnp.transpose(dz, (1, 0))[None, :, :]
-    x = jnp.transpose(x, (1, 0))[:, None, :]
     z_1 = acc + bias
     z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
     dz_1 = dz.astype(jnp.float32) * (
         0.5 * (1 + z_2) + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
     dacc = dz_1.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(jnp.einsum("knm,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,)).astype(
+    dy = jnp.expand_dims(jnp.einsum("mk,knm->kn", x, dacc, preferred_element_type=jnp.float32), (2,)).astype(
         jnp.bfloat16
     )
     dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
@@ -2213,7 +2209,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),  # y: bf16[B, K, N]
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),  # y: bf16[B, K, N], read transposed
         ],
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
@@ -2256,7 +2252,7 @@ def _batched_matmul_backward_x_gpu(dz, y, *, b, m, k, n, block_m, block_k, block
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             pl.BlockSpec((None, block_m, n), lambda b, i, j: (b, i, 0)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_k, n), lambda b, i, j: (b, j, 0)),  # y: bf16[B, K, N]
+            pl.BlockSpec((None, block_k, n), lambda b, i, j: (b, j, 0)),  # y: bf16[B, K, N], read transposed
         ],
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j: (b, i, j)),  # dx: bf16[B, M, K]
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
@@ -2391,9 +2387,8 @@ def batched_matmul_backward_x(dz, y):
     b, m, n = dz.shape
     k = y.shape[1]
     dz = dz[:, :, None, :]
-    y = y[:, None, :, :]
     dacc = dz.astype(jnp.bfloat16)
-    dx = jnp.expand_dims(jnp.einsum("bmkn,bmkn->bmk", dacc, y, preferred_element_type=jnp.float32), (3,)).astype(
+    dx = jnp.expand_dims(jnp.einsum("bmkn,bkn->bmk", dacc, y, preferred_element_type=jnp.float32), (3,)).astype(
         jnp.bfloat16
     )
     dx = dx.reshape((b, m, k))
@@ -2429,7 +2424,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),  # x: bf16[B, M, K], read transposed
         ],
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
@@ -2472,7 +2467,7 @@ def _batched_matmul_backward_y_gpu(dz, x, *, b, k, n, m, block_k, block_n, block
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((None, m, block_n), lambda b, i, j: (b, 0, j)),  # dz: f32[B, M, N]
-            pl.BlockSpec((None, m, block_k), lambda b, i, j: (b, 0, i)),  # x: bf16[B, M, K]
+            pl.BlockSpec((None, m, block_k), lambda b, i, j: (b, 0, i)),  # x: bf16[B, M, K], read transposed
         ],
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j: (b, i, j)),  # dy: bf16[B, K, N]
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
@@ -2591,9 +2586,8 @@ def batched_matmul_backward_y(dz, x):
     b, m, n = dz.shape
     k = x.shape[2]
     dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
-    x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
     dacc = dz.astype(jnp.bfloat16)
-    dy = jnp.expand_dims(jnp.einsum("bknm,bknm->bkn", x, dacc, preferred_element_type=jnp.float32), (3,)).astype(
+    dy = jnp.expand_dims(jnp.einsum("bmk,bknm->bkn", x, dacc, preferred_element_type=jnp.float32), (3,)).astype(
         jnp.bfloat16
     )
     dy = dy.reshape((b, k, n))
@@ -2750,8 +2744,7 @@ def scores(q, k, *, scale=0.125):
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue, scores_backward_q,
     scores_backward_k (_scores_vjp).
     """
-    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
-    s = acc * scale
+    s = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32) * scale
     return s
 
 
@@ -3000,8 +2993,7 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, block_s, block_d, bloc
 )
 def scores_backward_q(dacc, k):
     """The backward pass of `scores`: the cotangent dq of its input q, from dacc, that of its product."""
-    acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
-    dq = acc.astype(jnp.bfloat16)
+    dq = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dq
 
 
@@ -3158,8 +3150,7 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, block_t, block_d, bloc
 )
 def scores_backward_k(dacc, q):
     """The backward pass of `scores`: the cotangent dk of its input k, from dacc, that of its product."""
-    acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
-    dk = acc.astype(jnp.bfloat16)
+    dk = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dk
 
 
@@ -3196,7 +3187,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),  # x: bf16[M, K]
             pl.BlockSpec((block_n, block_k), lambda i, j, k: (j, k)),  # w: bf16[N, K], read transposed
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),  # bias: f32[N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -3239,7 +3230,7 @@ def _linear_gpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, nu
         in_specs=[
             pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
             pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),  # w: bf16[N, K], read transposed
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: f32[N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -3331,8 +3322,7 @@ def linear(x, w, bias):
     linear_backward_w (_linear_vjp).
     """
     bias = bias[None, :]
-    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
-    y = (acc + bias).astype(jnp.bfloat16)
+    y = (jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32) + bias).astype(jnp.bfloat16)
     return y
 
 
@@ -3362,7 +3352,7 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # dy: bf16[M, N]
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # dbias: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
@@ -3395,7 +3385,7 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
         # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # dy: bf16[M, N]
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dbias: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3605,8 +3595,7 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, block_m, block_k, block_n, 
 )
 def linear_backward_x(dy, w):
     """The backward pass of `linear`: the cotangent dx of its input x, from dy, that of its product."""
-    acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
+    dx = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dx
 
 
@@ -3755,6 +3744,5 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, block_n, block_k, block_m, 
 )
 def linear_backward_w(dy, x):
     """The backward pass of `linear`: the cotangent dw of its input w, from dy, that of its product."""
-    acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
-    dw = acc.astype(jnp.bfloat16)
+    dw = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return dw

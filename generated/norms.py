@@ -51,12 +51,12 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            *[pl.BlockSpec((1, n), lambda i: (0, 0))] * 2,  # w, b: f32[N], broadcast over M
+            *[pl.BlockSpec((1, n), lambda i: (0, 0))] * 2,  # w, b: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -103,12 +103,12 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, resid
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            *[pl.BlockSpec((1, block_n), lambda i: (0, 0))] * 2,  # w, b: f32[N], broadcast over M
+            *[pl.BlockSpec((1, block_n), lambda i: (0, 0))] * 2,  # w, b: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -301,10 +301,10 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, bl
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M], broadcast over N
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N]
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -355,10 +355,10 @@ def _layer_norm_backward_gpu(
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N]
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # mu, rstd, mean_n: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # dmu, drstd: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
@@ -583,10 +583,10 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 2,  # mu, rstd: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        out_specs=(pl.BlockSpec((1, n), lambda i: (0, 0)),) * 2,  # dw, db: f32[N], broadcast over M
+        out_specs=(pl.BlockSpec((1, n), lambda i: (0, 0)),) * 2,  # dw, db: f32[N]
         out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32),) * 2,  # dw, db
         scratch_shapes=[
             pltpu.VMEM((1, n), jnp.float32),  # sum_m_ref: the running sum over M
@@ -641,10 +641,10 @@ def _layer_norm_backward_over_m_gpu(x, mu, rstd, dy, *, m, n, block_m, block_n, 
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
-            *[pl.BlockSpec((m, 1), lambda i: (0, 0))] * 2,  # mu, rstd: f32[M], broadcast over N
+            *[pl.BlockSpec((m, 1), lambda i: (0, 0))] * 2,  # mu, rstd: f32[M]
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        out_specs=(pl.BlockSpec((1, block_n), lambda i: (0, i)),) * 2,  # dw, db: f32[N], broadcast over M
+        out_specs=(pl.BlockSpec((1, block_n), lambda i: (0, i)),) * 2,  # dw, db: f32[N]
         out_shape=(jax.ShapeDtypeStruct((1, n), jnp.float32),) * 2,  # dw, db
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -757,11 +757,11 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -802,11 +802,11 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, residuals,
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N]
         ],
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # mean_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
@@ -948,8 +948,8 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((1, n), lambda i: (0, 0)),  # w: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: bf16[M, N]
@@ -990,8 +990,8 @@ def _rms_norm_backward_gpu(x, w, mean_n, dy, *, m, n, block_m, num_warps, num_st
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N], broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),  # w: f32[N]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: bf16[M, N]
@@ -1148,10 +1148,10 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: bf16[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_n: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),  # dw: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)),
@@ -1193,10 +1193,10 @@ def _rms_norm_backward_over_m_gpu(x, mean_n, dy, *, m, n, block_m, block_n, num_
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # x: bf16[M, N]
-            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),  # mean_n: f32[M]
             pl.BlockSpec((m, block_n), lambda i: (0, i)),  # dy: bf16[M, N]
         ],
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # dw: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -350,7 +350,7 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -376,7 +376,7 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -474,7 +474,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: f32[N]
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
@@ -505,7 +505,7 @@ def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: f32[N]
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -748,7 +748,7 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -774,7 +774,7 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -854,7 +854,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
@@ -871,7 +871,7 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
         # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1129,7 +1129,7 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(6 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -1155,7 +1155,7 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: i8[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1258,7 +1258,7 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i8[N]
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
@@ -1275,7 +1275,7 @@ def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpr
         # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i8[N]
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -40,7 +40,7 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -66,7 +66,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -168,7 +168,7 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
         # order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         scratch_shapes=[
             pltpu.VMEM((block_m, 1), jnp.float32),  # argmax_n_max_ref: the running argmax over N
@@ -212,7 +212,7 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
         # values.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -260,7 +260,7 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(12 * block_m * n + 8 * block_m)),
         cost_estimate=pl.CostEstimate(flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + 4 * m * n),
@@ -286,7 +286,7 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         # One program per block of M; programs run concurrently. Each holds all of N (a power-of-two block).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # i: i32[M]
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -382,7 +382,7 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         # order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # s: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),  # s: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("parallel", "arbitrary"), rt.vmem_limit(12 * block_m * block_n + 8 * block_n)),
@@ -414,7 +414,7 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
         # values.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[pl.BlockSpec((m, block_n), lambda i: (0, i))],  # x: f32[M, N]
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),  # s: f32[N]
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -501,7 +501,7 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -527,7 +527,7 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # ds: f32[N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -612,8 +612,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # q: i8[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M]
+            # max_n: f32[M]; argmax_n: i32[M]
             *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 2,
         ),
         out_shape=(
@@ -662,8 +662,8 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, residual
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # q: i8[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M], broadcast over N
-            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # scale: f32[M]
+            # max_n: f32[M]; argmax_n: i32[M]
             *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 2,
         ),
         out_shape=(
@@ -831,8 +831,7 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
-            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; dscale: f32[M], broadcast over N
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # max_n: f32[M]; argmax_n: i32[M]; dscale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -871,8 +870,7 @@ def _quantize_rows_int8_backward_gpu(
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: f32[M, N]
-            # max_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; dscale: f32[M], broadcast over N
-            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i, j: (i, 0))] * 3,  # max_n: f32[M]; argmax_n: i32[M]; dscale: f32[M]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # dx: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -983,7 +981,7 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[pl.BlockSpec((block_n,), lambda i: (i,))] * 2,  # x, y: i32[N]
-        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda i: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N at each position of a block (reduced after the last step)
         scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
@@ -1013,7 +1011,7 @@ def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret)
         # One program per call; programs run concurrently. Each loops over N's blocks, carrying running values.
         grid=(),
         in_specs=[pl.BlockSpec((size_n,), lambda: (0,))] * 2,  # x, y: i32[N]
-        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[], broadcast over N
+        out_specs=pl.BlockSpec((1,), lambda: (0,)),  # n: i32[]
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

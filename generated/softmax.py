@@ -51,7 +51,7 @@ def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            # sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M]
             *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 3,
         ),
         out_shape=(
@@ -101,7 +101,7 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, interpre
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
+            # sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M]
             *[pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None] * 3,
         ),
         out_shape=(
@@ -273,8 +273,7 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
-            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
@@ -321,8 +320,7 @@ def _softmax_backward_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_w
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
-            # sum_n: f32[M], broadcast over N; argmax_n: i32[M], broadcast over N; max_n: f32[M], broadcast over N
-            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,
+            *[pl.BlockSpec((block_m, 1), lambda i: (i, 0))] * 3,  # sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]
@@ -488,8 +486,7 @@ def _log_softmax_tpu(x, *, m, n, block_m, residuals, interpret):
         in_specs=[pl.BlockSpec((block_m, n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # logsumexp_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -530,8 +527,7 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, residuals, inte
         in_specs=[pl.BlockSpec((block_m, block_n), lambda i: (i, 0))],  # x: f32[M, N]
         out_specs=(
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # y: f32[M, N]
-            # logsumexp_n: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)) if residuals else None,  # logsumexp_n: f32[M]
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
@@ -660,7 +656,7 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dx: f32[M, N]
@@ -698,7 +694,7 @@ def _log_softmax_backward_gpu(x, logsumexp_n, dy, *, m, n, block_m, num_warps, n
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # x: f32[M, N]
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # logsumexp_n: f32[M]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),  # dx: f32[M, N]

@@ -3,18 +3,18 @@ the arrays, the public signature, and the reference in plain jax.numpy."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.product import product_dims
+from pallasgen.analysis.infer import product_operand
 from pallasgen.frontend import ir
 from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import (
     array_comment,
     body_statements,
-    layout_of,
     load_statements,
     parameter_list,
     tuple_code,
@@ -65,7 +65,6 @@ class LoweredKernel:
     sizes: dict[str, str]  # dimension -> the Python variable holding its size
     refs: dict[str, str]  # array -> its Ref's name in kernels
     names: dict[str, str]  # values and params, as expressions name them
-    accumulator: str  # the product's value in kernels ("" without a product)
     inputs: tuple[ArrayPlan, ...]
     outputs: tuple[ArrayPlan, ...]
     plain: ir.Kernel | None = None  # with `residuals`: the kernel a call that writes none computes
@@ -85,15 +84,12 @@ class LoweredKernel:
         """The spec names of `residuals`."""
         return frozenset(o.spec_name for o in self.residuals)
 
-    def emitter(self, tpu: bool = False, spelling=None, overrides=None, carried=False, **backend) -> Emitter:
-        """An emitter of this kernel's expressions: the product is its accumulator (unless
-        `carried`: a carried-state plan computes it where the frame says), and `overrides`
-        name other nodes computed elsewhere; `backend`: the Emitter's options of a
-        backend's spelling (narrow_ints_in_i32, codes)."""
-        fixed = {self.checked.product.node: self.accumulator} if self.checked.product and not carried else {}
+    def emitter(self, tpu: bool = False, spelling=None, overrides=None, **backend) -> Emitter:
+        """An emitter of this kernel's expressions; `overrides` name nodes computed
+        elsewhere (the emitter's own when None: filling it later reaches it); `backend`:
+        the Emitter's options of a backend's spelling (narrow_ints_in_i32, codes)."""
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
-        # Without a product, `overrides` is the emitter's own: filling it later reaches it.
-        overrides = {**fixed, **(overrides or {})} if fixed or overrides is None else overrides
+        overrides = {} if overrides is None else overrides
         return Emitter(self.names, self.checked.types, overrides, tpu=tpu, spelling=spelling, lets=lets, **backend)
 
 
@@ -122,47 +118,16 @@ def lower_kernel(
     the public keywords and the backends' own); its last `residuals` outputs are saved for
     jax.grad only (the kernel's forward pass under jax.grad, gradients.derive), `plain`
     what it computes without them."""
-    kernel, dims, product = checked.kernel, checked.dims, checked.product
-    out_dims = checked.space.layout
+    kernel, dims = checked.kernel, checked.dims
     namer = Namer(taken | {p.name for p in kernel.params})
     values = {name: namer.claim_spec(name) for name in _value_names(kernel)}
     # The generator's names yield to the spec's: a size beside a spec's `s` is `size_s`.
     sizes = {dim: namer.claim(dim.lower(), f"size_{dim.lower()}") for dim in dims}
     refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
-    accumulator = namer.claim("acc", "product") if product else ""
-    operands = {o.name: o for o in product.operands} if product else {}
+    contracted = contracted_inputs(checked)
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
-        if checked.framed:
-            return _fused_array_plan(decl, checked, values[decl.name], refs[decl.name], sizes)
-        name = values[decl.name]
-        layout = layout_of(decl, out_dims, product)
-        broadcast_here = decl.name not in operands and decl.dims != out_dims
-        return ArrayPlan(
-            name=name,
-            spec_name=decl.name,
-            spec_dtype=decl.dtype,
-            dtype=jnp_dtype(decl.dtype),
-            dims=decl.dims,
-            ref=refs[decl.name],
-            comment=array_comment(decl, out_dims, operands),
-            expand=(
-                f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout)})"
-                if broadcast_here
-                else None
-            ),
-            reference_expand=(
-                f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout)}]" if broadcast_here else None
-            ),
-            shape=tuple_code([sizes[d] for d in decl.dims]),
-            layout_shape=tuple_code([sizes[d] if d else "1" for d in layout]),
-            restore=(
-                f"{name} = {name}.reshape({tuple_code([sizes[d] for d in decl.dims]) if decl.dims else '()'})"
-                if len(decl.dims) < len(layout) and decl.name not in operands
-                else None
-            ),
-            layout=tuple(layout),
-        )
+        return _array_plan(decl, checked, values[decl.name], refs[decl.name], sizes, contracted)
 
     return LoweredKernel(
         checked=checked,
@@ -171,7 +136,6 @@ def lower_kernel(
         sizes=sizes,
         refs=refs,
         names={**values, **{p.name: p.name for p in kernel.params}},
-        accumulator=accumulator,
         inputs=tuple(array_plan(d) for d in kernel.inputs),
         outputs=tuple(
             replace(array_plan(d), residual=True) if i >= len(kernel.outputs) - residuals else array_plan(d)
@@ -181,17 +145,36 @@ def lower_kernel(
     )
 
 
-def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref: str, sizes) -> ArrayPlan:
-    """A fused kernel's array: laid out as its tiles hold it (analysis.fused.array_axes);
-    in the reference, over every dimension of the kernel, in the kernel's order."""
+def contracted_inputs(checked: CheckedKernel) -> dict[str, bool]:
+    """The inputs read only as products' operands, each with whether a product reads it
+    transposed (`x.T`): kernels block them as declared, and the reference contracts them so."""
+    products = checked.frame.products.values()
+    read = {}
+    for product in products:
+        for side in (product.node.left, product.node.right):
+            value, transposed = product_operand(side)
+            if isinstance(value, ir.Name):
+                read.setdefault(value.id, []).append(transposed)
+    uses = Counter(n.id for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Name))
+    inputs = {d.name for d in checked.kernel.inputs}
+    return {name: any(t) for name, t in read.items() if name in inputs and uses[name] == len(t)}
+
+
+def _array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref: str, sizes, contracted) -> ArrayPlan:
+    """An array as kernels lay it out (its tiles' axes, `analysis.fused.array_axes`), and
+    as the reference holds it: an input the products contract as declared, any other over
+    every dimension of the reference's layout, in its order."""
     layout = array_axes(decl, checked.frame)
     own = tuple_code([sizes[d] for d in decl.dims]) if decl.dims else "()"
     layout_shape = tuple_code([sizes[d] if d else "1" for d in layout])
+    laid_out = tuple(layout) != decl.dims
     everywhere = checked.space.layout
-    order = sorted(range(len(decl.dims)), key=lambda axis: everywhere.index(decl.dims[axis]))
-    ordered = f"jnp.transpose({name}, {tuple_code(map(str, order))})" if order != sorted(order) else name
-    index = ", ".join(":" if d in decl.dims else "None" for d in everywhere)
-    comment = f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]"
+    held = decl.dims if decl.name in contracted else tuple(everywhere)
+    reference_expand = None
+    if held != decl.dims:
+        order = sorted(range(len(decl.dims)), key=lambda axis: everywhere.index(decl.dims[axis]))
+        ordered = f"jnp.transpose({name}, {tuple_code(map(str, order))})" if order != sorted(order) else name
+        reference_expand = f"{name} = {ordered}[{', '.join(':' if d in decl.dims else 'None' for d in everywhere)}]"
     return ArrayPlan(
         name=name,
         spec_name=decl.name,
@@ -199,14 +182,14 @@ def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref
         dtype=jnp_dtype(decl.dtype),
         dims=decl.dims,
         ref=ref,
-        comment=comment,
-        expand=f"{name} = {name}.reshape({layout_shape})" if len(layout) != len(decl.dims) else None,
-        reference_expand=f"{name} = {ordered}[{index}]" if tuple(everywhere) != decl.dims else None,
+        comment=array_comment(decl, contracted),
+        expand=f"{name} = {name}.reshape({layout_shape})" if laid_out else None,
+        reference_expand=reference_expand,
         shape=own,
         layout_shape=layout_shape,
-        restore=f"{name} = {name}.reshape({own})" if len(layout) != len(decl.dims) else None,
+        restore=f"{name} = {name}.reshape({own})" if laid_out else None,
         layout=tuple(layout),
-        reference_restore=f"{name} = {name}.reshape({own})" if tuple(everywhere) != decl.dims else None,
+        reference_restore=f"{name} = {name}.reshape({own})" if held != decl.dims else None,
     )
 
 
@@ -283,32 +266,34 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
     def shape_of(out: ir.ArrayDecl) -> str:
         return tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
 
-    if checked.framed:
-        _fused_reference_products(lowered, emitter)
+    _reference_products(lowered, emitter)
     reference = body_statements(kernel, body, emitter, values, lowered.refs, checked, None, shape_of)
-    restores = [o.reference_restore or o.restore for o in lowered.outputs if o.reference_restore or o.restore]
-    if checked.framed:
-        restores = [o.reference_restore for o in lowered.outputs if o.reference_restore]
+    restores = [o.reference_restore for o in lowered.outputs if o.reference_restore]
     needs_sizes = needs_sizes or bool(restores)
     reference += restores  # outputs are used in the layout's rank until here
-    if checked.product:
-        reference.insert(0, f"{lowered.accumulator} = {_einsum(checked.product, values)}")
     return reference, needs_sizes
 
 
-def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
-    """Each product of a fused kernel in the reference, as the emitter's override: an
-    einsum of its operands as laid out (jnp.einsum broadcasts their size-1 axes), the
-    result laid out again."""
+def _reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
+    """Each product in the reference, as the emitter's override: an einsum of its
+    operands (an input it contracts as declared; any other value as the reference holds
+    it, over its whole layout: jnp.einsum broadcasts their size-1 axes), the result laid
+    out again where it lacks some of the layout's dimensions."""
     checked = lowered.checked
     layout = checked.space.layout
-    letters = _einsum_letters(list(layout))
+    contracted = contracted_inputs(checked)
+    declared = {d.name: d.dims for d in checked.kernel.inputs}
+    letters = _einsum_letters([*layout, *(d for name in contracted for d in declared[name])])
     every = "".join(letters[d] for d in layout)
     products = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
     for node in reversed(products):  # inner products first
         product = checked.frame.products[node]
-        parts = [emitter.emit(value) for value in (product.lhs, product.rhs)]
-        specs = [every, every]
+        operands = (product.lhs, product.rhs)
+        specs = [
+            "".join(letters[d] for d in declared[v.id]) if isinstance(v, ir.Name) and v.id in contracted else every
+            for v in operands
+        ]
+        parts = [emitter.emit(value) for value in operands]
         dims = checked.types[node].dims
         out = "".join(letters[d] for d in layout if d in dims)
         absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
@@ -317,16 +302,6 @@ def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
             f'jnp.einsum("{specs[0]},{specs[1]}->{out}", {parts[0]}, {parts[1]}, preferred_element_type={accumulate})'
         )
         emitter.overrides[node] = f"jnp.expand_dims({einsum}, {absent})" if absent != "()" else einsum
-
-
-def _einsum(product, values) -> str:
-    letters = _einsum_letters([*product.lhs.dims, *product.rhs.dims])
-    lhs = "".join(letters[d] for d in product.lhs.dims)
-    rhs = "".join(letters[d] for d in product.rhs.dims)
-    out = "".join(letters[d] for d in product_dims(product))
-    accumulate = jnp_dtype(product.accumulator.name)
-    a, b = (values[o.name] for o in product.operands)
-    return f'jnp.einsum("{lhs},{rhs}->{out}", {a}, {b}, preferred_element_type={accumulate})'
 
 
 def _einsum_letters(dims: list[str]) -> dict[str, str]:

@@ -223,10 +223,9 @@ def used_names(kernel: ir.Kernel) -> set[str]:
     return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}
 
 
-def array_comment(decl: ir.ArrayDecl, out_dims, operands) -> str:
-    """`x: f32[M, N]`, and how the kernel reads it: transposed, or broadcast."""
-    text = f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]"
-    if decl.name in operands:
-        return text + (", read transposed" if operands[decl.name].transposed else "")
-    broadcast_over = [d for d in out_dims if d not in decl.dims]
-    return text + (f", broadcast over {', '.join(broadcast_over)}" if broadcast_over else "")
+def array_comment(decl: ir.ArrayDecl, contracted: dict[str, bool]) -> str:
+    """`x: f32[M, N]`, and `, read transposed` where a product reads it so (`contracted`:
+    the inputs read only as products' operands, each with whether one reads it transposed)."""
+    return f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]" + (
+        ", read transposed" if contracted.get(decl.name) else ""
+    )

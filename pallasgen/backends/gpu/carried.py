@@ -261,7 +261,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         return saved_only(refs[decl.name], line) if decl.name in lowered.residual_names else line
 
     def emitter_for(overrides):
-        return lowered.emitter(spelling=spelling, overrides=overrides, carried=True)
+        return lowered.emitter(spelling=spelling, overrides=overrides)
 
     lowering = FusedLowering(lowered, namer, spelling, extents, Placement(), emitter_for, load, loads_fill_zeros=True)
     loop: list[str] = []

@@ -159,7 +159,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True, stage: boo
 def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
     """A fused kernel of one product as kernels in turn (`stages`), each planned as any."""
     chain = stages(lowered.checked)
-    own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values(), lowered.accumulator}
+    own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values()}
     taken = lowered.namer.taken - own  # the module's names: a stage's launcher is a function of its own
     subs = [lower_kernel(s.checked, taken) for s in chain]
     plans = [plan_mosaic_gpu(sub, stage=True) for sub in subs]
@@ -399,11 +399,12 @@ class _ProductPlanner(_Planner):
         m, n, k = product.m, product.n, product.k
         multiples = {d: block_keyword(d) for d in (m, n, k)}
         rhs_n_major = choices.rhs_n_major(product)
+        accumulator = self.namer.claim("acc", "product")
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         acc_ref, out_smem, barrier, step, scope, tiles_scope, pipeline_stages = (
             self.namer.claim(x)
             for x in (
-                f"{self.lowered.accumulator}_ref",
+                f"{accumulator}_ref",
                 "out_smem",
                 "barrier",
                 "step",
@@ -450,10 +451,10 @@ class _ProductPlanner(_Planner):
             line, ref = f"{tiles[decl.name]}[...] = {value}", self.refs[decl.name]
             return saved_only(ref, line) if ref in residuals else line
 
-        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
+        emitter = self.lowered.emitter(overrides={product.node: accumulator}, **EMITTER_OPTIONS)
         epilogue_body = read_where_used(
             [
-                f"{self.lowered.accumulator} = {acc_ref}[...]",
+                f"{accumulator} = {acc_ref}[...]",
                 *load_statements(kernel, self.values, checked, load),
                 *body_statements(kernel, kernel.body, emitter, self.values, self.refs, checked, store),
             ]

@@ -111,7 +111,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     spelling = FrameSpelling(fused, sizes, extents, starts)
 
     def emitter_for(overrides):
-        return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides, carried=True)
+        return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides)
 
     lowering = FusedLowering(
         lowered, namer, spelling, extents, RefPlacement(), emitter_for, ref_load(refs), mosaic=True
@@ -124,7 +124,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     body_spelling = FrameSpelling(fused, sizes, {**extents, **(strip_extents or {})}, starts)
 
     def body_emitter_for(overrides):
-        return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides, carried=True)
+        return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides)
 
     # A kernel whose only dimension is swept keeps block-shaped running values, held as rows
     # where it reads no position (see `accumulates_elementwise` and `holds_rows`).
