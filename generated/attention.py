@@ -104,8 +104,8 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
-    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B. The limit is 64 MiB whatever the
+    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -463,8 +463,8 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks:
-    # their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the
+    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
@@ -832,8 +832,8 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
-    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
+    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel, t=t, size_s=size_s, block_t=block_t, block_s=block_s, scale=scale
@@ -1185,8 +1185,8 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
-    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the blocks: their
+    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -1536,8 +1536,8 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
-    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
+    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_dkdv_kernel, t=t, s=s, block_t=block_t, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
@@ -1854,7 +1854,8 @@ def _attention_full_kernel(
 
 def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. lse: only when the residuals are written.
+    # B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B. lse: only when the residuals are
+    # written.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -2133,7 +2134,7 @@ def _attention_full_backward_dq_kernel(
 
 def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
+    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -2400,7 +2401,7 @@ def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B.
+    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
@@ -2715,9 +2716,9 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written. The limit
-    # is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value
-    # pads to.
+    # B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B. lse: only when the residuals are
+    # written. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
@@ -3082,8 +3083,8 @@ def _attention_bottom_right_backward_dq_tpu(
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64 MiB whatever the blocks: their count
-    # leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the blocks: their
+    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_kernel,
@@ -3457,8 +3458,8 @@ def _attention_bottom_right_backward_dkdv_tpu(
         return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
 
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512 B. The limit is 64 MiB whatever the
-    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
+    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
@@ -3791,7 +3792,8 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, interpret):
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
-    # B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. lse: only when the residuals are written.
+    # B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B. lse: only when the residuals are
+    # written.
     return pl.pallas_call(
         functools.partial(_gqa_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -4076,7 +4078,7 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
 
 def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B.
+    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -4343,7 +4345,7 @@ def _gqa_backward_dkdv_kernel(
 
 def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
-    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
+    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + f32 accumulator 2 x 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
         # One step per element of B, element of G, element of R, block of T, block of S (D taken whole). Steps along B,
@@ -4757,8 +4759,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + acc_k_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + f32
+    # accumulator 512 B.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent (parallel); steps along K

@@ -709,8 +709,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) +
-    # acc_n_ref 512.0 KiB.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) + f32
+    # accumulator 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -927,8 +927,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) +
-    # acc_m_ref 1.0 MiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) + f32
+    # accumulator 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -1323,7 +1323,7 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
 
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
-    # MiB) + acc_n_ref 2.0 MiB.
+    # MiB) + f32 accumulator 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -1586,7 +1586,7 @@ def _matmul_bias_gelu_backward_y_kernel(
 
 def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
-    # MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB.
+    # MiB + dbias 4.0 KiB) + f32 accumulator 4.0 MiB + running sum 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N are independent (parallel); steps along K, M
@@ -2201,7 +2201,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + f32 accumulator 2.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are independent (parallel);
@@ -2416,7 +2417,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + acc_m_ref 4.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + f32 accumulator 4.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are independent (parallel);

@@ -7,7 +7,7 @@ list of diagnostics; `check_kernel` runs them in order, then types every express
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
@@ -156,12 +156,13 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     if frame is not None:
         sweep, problems = sweep_of(kernel, types, blocks, frame.batch)
         found.extend(problems)
-    passed = None if found else frame  # the backends check a kernel's tiles once it has passed
+    checked = CheckedKernel(kernel, space, sizes, types, blocks, product, {}, sweep=sweep, frame=frame)
+    passed = None if found else checked  # the backends check its tiles once it has passed
     settings = {}
     for backend in backends:
-        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, frame=passed)
+        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found, checked=passed)
         found.extend(problems)
-    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep, frame=frame), found
+    return replace(checked, settings=settings), found
 
 
 def _frame(kernel: ir.Kernel, space: IterationSpace, types, blocks: dict[str, int], product, framed: bool):

@@ -125,12 +125,12 @@ class Backend(ABC):
         product: Product | None,
         blocks: dict[str, int],
         earlier: list[Diagnostic],
-        frame=None,
+        checked=None,
     ) -> tuple[object, list[Diagnostic]]:
         """This backend's settings for a kernel (None if it has none), and diagnostics
-        for what it cannot do; `earlier` are the diagnostics found so far; `frame`: the
-        kernel's tiles (analysis.fused), once it has passed every check before the
-        backends' (None before)."""
+        for what it cannot do; `earlier` are the diagnostics found so far; `checked`: the
+        kernel as checked so far (its tiles, its sweep; no backend's settings yet), once
+        it has passed every check before the backends' (None before)."""
 
     @abstractmethod
     def keywords(self, checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> KeywordGroup:

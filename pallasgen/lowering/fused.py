@@ -51,6 +51,20 @@ class Running:
     dims: tuple[str, ...]  # the dimensions of its tile (the others are 1)
 
 
+def carried_tile(carry: Carry, frame: FusedKernel, dim: str, blockwise: bool) -> tuple[str, ...]:
+    """The dimensions of the tile each running value of `carry` over the swept `dim`
+    holds: a product's, its result's; a reduction's, its operand's but `dim` (unless
+    `blockwise`: block-shaped running values, merged position by position)."""
+    if carry.kind == "dot":
+        return tuple(a for a in frame.frame[carry.node] if a)
+    return tuple(a for a in frame.frame[carry.value] if a and (a != dim or blockwise))
+
+
+def running_count(carry: Carry) -> int:
+    """How many running values `carry` keeps (argmax: the max and its position)."""
+    return len(running_parts(carry.kind)) if carry.kind in FUNCTIONS else 1  # not dot, expsum
+
+
 @dataclass(frozen=True)
 class FusedCode:
     running: tuple[Running, ...]
@@ -401,13 +415,12 @@ class FusedLowering:
         dim = self.checked.sweep.dim
         if carry.kind == "dot":
             shape = self._shape(carry.node)
-            tile = tuple(a for a in self.fused.frame[carry.node] if a)
+            tile = carried_tile(carry, self.fused, dim, self.blockwise)
             return [Running(names[0], shape, self._accumulate(carry.node), "0", f"the product over {dim}", tile)]
         axes = self.fused.frame[carry.value]
-        kept = [a for a in axes if a and (a != dim or self.blockwise)]
-        shape = tuple_code([self.extents[a] if a in kept else "1" for a in axes])
+        tile = carried_tile(carry, self.fused, dim, self.blockwise)
+        shape = tuple_code([self.extents[a] if a in tile else "1" for a in axes])
         shape = f"rt.rows_shape({self.extents[dim]})" if self.rows else shape
-        tile = tuple(kept)
         if carry.kind == "expsum":
             return [Running(names[0], shape, F32, "0.0", f"the sum of exp(value - its running max) over {dim}", tile)]
         where = " at each position of a block (reduced after the last step)" if self.blockwise else ""

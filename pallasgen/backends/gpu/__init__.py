@@ -18,12 +18,12 @@ class GpuBackend(Backend):
     target = "triton"
     template = "gpu.py.j2"
 
-    def check(self, kernel, space, product, blocks, earlier, frame=None):
+    def check(self, kernel, space, product, blocks, earlier, checked=None):
         settings, problems = check_gpu(kernel, space, product, blocks, earlier)
-        if frame is None or product is not None or not frame.products:  # not a framed kernel
+        if checked is None or not checked.framed:
             return settings, problems
         given = {item.dim: item.size for item in kernel.gpu_blocks}
-        return replace(settings, blocks=default_gpu_blocks(kernel, blocks, frame, given)), problems
+        return replace(settings, blocks=default_gpu_blocks(kernel, blocks, checked.frame, given)), problems
 
     def keywords(self, checked, targets=TARGETS):
         return keyword_group(checked)

@@ -27,7 +27,7 @@ class MosaicGpuBackend(Backend):
     target = "mosaic_gpu"
     template = "mosaic_gpu.py.j2"
 
-    def check(self, kernel, space, product, blocks, earlier, frame=None):
+    def check(self, kernel, space, product, blocks, earlier, checked=None):
         """No spec is an error here: a kernel Mosaic GPU does not take keeps Triton."""
         return None, []
 

@@ -39,8 +39,8 @@ class TpuBackend(Backend):
     def chip(self, name: str):
         return chip_named(name)
 
-    def check(self, kernel, space, product, blocks, earlier, frame=None):
-        return None, check_tpu(kernel, frame, product, blocks)
+    def check(self, kernel, space, product, blocks, earlier, checked=None):
+        return None, check_tpu(checked)
 
     def keywords(self, checked, targets=TARGETS):
         return keyword_group(checked)
@@ -93,12 +93,12 @@ class TpuBackend(Backend):
     def tuning_problem(self, checked, chosen):
         """Why blocks (over the spec's) overflow VMEM, or None."""
         blocks = {**checked.blocks, **chosen}
-        return vmem_problem(kernel_vmem(checked.kernel, checked.frame, checked.product, blocks), blocks)
+        return vmem_problem(kernel_vmem(checked, blocks), blocks)
 
     def memory_bytes(self, checked, blocks) -> int:
         """VMEM of the blocks (dimensions taken whole count as 1): `tiling.kernel_vmem`."""
         blocks = {**checked.blocks, **blocks}
-        return kernel_vmem(checked.kernel, checked.frame, checked.product, blocks).total(blocks)
+        return kernel_vmem(checked, blocks).total(blocks)
 
     def build_warnings(self, checked) -> list[str]:
         message = default_blocks_vmem_warning(checked, self.tunable_dims(checked), self.memory_bytes)

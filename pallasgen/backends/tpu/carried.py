@@ -46,7 +46,7 @@ from pallasgen.backends.tpu.chips import (
     STRIPED_BLOCK,
     STRIPED_VMEM_LIMIT_BYTES,
 )
-from pallasgen.backends.tpu.tiling import Vmem, accumulates_elementwise, holds_rows, kernel_vmem, tile_layouts
+from pallasgen.backends.tpu.tiling import accumulates_elementwise, holds_rows, kernel_vmem, tile_layouts
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
 from pallasgen.lowering.kernel import LoweredKernel
@@ -145,7 +145,6 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     )
     accumulator = None
     scratch_refs = []
-    running = ()
     if checked.sweep:
         dim = checked.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
@@ -154,7 +153,6 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         code = body_lowering.swept(ref_store(refs, lowered.residual_names), f"{step} * {block_keyword(dim)}", ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
-        running = code.running
         skip = lowering.live_block(starts)
         accumulator = AccumulatorPlan(
             scratch=tuple((f"{r.name}: {r.comment}", f"pltpu.VMEM({r.shape}, {r.dtype})") for r in code.running),
@@ -215,12 +213,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     )
     helper, block_specs = _block_specs(tiling, sizes, live, namer)
 
-    def needs(kernel: ir.Kernel) -> Vmem:
-        return kernel_vmem(kernel, fused, checked.product, checked.blocks, running)
-
-    needed = needs(kernel)
+    needed = kernel_vmem(checked, checked.blocks)
     # As (bytes, dims) terms; the residuals' blocks only where the launcher writes them.
-    plain = needs(lowered.plain).terms() if lowered.residuals else None
+    plain = kernel_vmem(checked, checked.blocks, lowered.plain).terms() if lowered.residuals else None
     vmem_needed = residual_vmem_code(needed.terms(), plain, extents, set(fused.batch))
     kernel_parameters, unpacked = kernel_signature(
         [refs[d.name] for d in kernel.inputs + kernel.outputs], scratch_refs, keywords

@@ -4,19 +4,18 @@ step, and blocks that fit in VMEM."""
 from __future__ import annotations
 
 from pallasgen.analysis.fused import FusedKernel
-from pallasgen.analysis.product import Product
+from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.backends.tpu.tiling import kernel_vmem, tile_layouts, tiling_problem, vmem_problem
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic, Position
 
 
-def check_tpu(
-    kernel: ir.Kernel, frame: FusedKernel | None, product: Product | None, blocks: dict[str, int]
-) -> list[Diagnostic]:
+def check_tpu(checked: CheckedKernel | None) -> list[Diagnostic]:
     """Diagnostics for `block` sizes the TPU cannot take, as each array's tile holds
-    them; none until the kernel has passed every earlier check (it has a `frame`)."""
-    if frame is None:
+    them; none until the kernel has passed every earlier check (`checked`: it so far)."""
+    if checked is None:
         return []
+    kernel, frame, blocks = checked.kernel, checked.frame, checked.blocks
     found = _batch_block_problems(kernel, frame, blocks)
     layouts = tile_layouts(kernel, frame)
     for item in kernel.blocks:
@@ -24,7 +23,7 @@ def check_tpu(
         if problem:
             found.append(Diagnostic(item.position, problem))
     if kernel.blocks and not found:
-        problem = vmem_problem(kernel_vmem(kernel, frame, product, blocks), blocks)
+        problem = vmem_problem(kernel_vmem(checked, blocks), blocks)
         if problem:
             found.append(Diagnostic(kernel.blocks[0].position, problem))
     return found

@@ -153,7 +153,7 @@ def one_product_dims(checked: CheckedKernel) -> tuple[str | None, str | None, st
 
 def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:
     blocks = {**checked.blocks, **blocks}
-    return kernel_vmem(checked.kernel, checked.frame, checked.product, blocks).total(blocks)
+    return kernel_vmem(checked, blocks).total(blocks)
 
 
 def _round_up(value: int, multiple: int) -> int:
