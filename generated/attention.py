@@ -132,7 +132,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
-            transcendentals=b * h * size_s * t + b * h * size_s,
+            transcendentals=2 * b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
@@ -1886,7 +1886,7 @@ def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale,
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
-            transcendentals=b * h * size_s * t + b * h * size_s,
+            transcendentals=2 * b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + (4 * b * h * size_s if residuals else 0),
         ),
         interpret=interpret,
@@ -2748,7 +2748,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         compiler_params=rt.tpu_params(("parallel", "parallel", "parallel", "arbitrary"), 64 * 2**20),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
-            transcendentals=b * h * size_s * t + b * h * size_s,
+            transcendentals=2 * b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + (4 * b * h * size_s if residuals else 0),
         ),
         interpret=interpret,
@@ -3826,7 +3826,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, int
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * g * r * size_s * t * d,
-            transcendentals=b * g * r * size_s * t + b * g * r * size_s,
+            transcendentals=2 * b * g * r * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v)
             + 2 * b * g * r * size_s * d
             + (4 * b * g * r * size_s if residuals else 0),
@@ -5752,9 +5752,7 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_k
         ),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m)),
-        cost_estimate=pl.CostEstimate(
-            flops=7 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g) + 6 * m * k
-        ),
+        cost_estimate=pl.CostEstimate(flops=6 * m * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g) + 6 * m * k),
         interpret=interpret,
         name="rmsnorm_matmul_lhs",
     )(x, g)
@@ -6104,7 +6102,7 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k
+            flops=11 * m * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward",
@@ -6303,7 +6301,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k)),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k
+            flops=5 * m * k, transcendentals=m, bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward_over_m",

@@ -103,7 +103,7 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, residuals, inte
             rt.vmem_limit(16 * block_m * block_v + 16 * block_m + (8 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * v,
+            flops=4 * m * v,
             transcendentals=m * v,
             bytes_accessed=rt.nbytes(logits, label) + 4 * m * v + (4 * m * v if residuals else 0),
         ),
@@ -335,7 +335,7 @@ def _cross_entropy_backward_tpu(logits, label, logsumexp_v, dloss, *, m, v, bloc
         out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
         compiler_params=rt.tpu_params(("parallel", "parallel"), rt.vmem_limit(20 * block_m * block_v + 24 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * v,
+            flops=7 * m * v,
             transcendentals=m * v,
             bytes_accessed=rt.nbytes(logits, label, logsumexp_v, dloss) + 2 * m * v,
         ),

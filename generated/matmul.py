@@ -536,7 +536,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, int
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
+            flops=2 * m * n * k,
             transcendentals=0,
             bytes_accessed=rt.nbytes(x, y) + 4 * m * n + (4 * m * n if residuals else 0),
         ),
@@ -1128,7 +1128,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, res
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n,
+            flops=2 * m * n * k,
             transcendentals=m * n,
             bytes_accessed=rt.nbytes(x, y, bias) + 2 * m * n + (4 * m * n if residuals else 0),
         ),
@@ -2623,9 +2623,7 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
             rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * size_s * t * d + b * size_s * t,
-            transcendentals=0,
-            bytes_accessed=rt.nbytes(q, k) + 4 * b * size_s * t,
+            flops=2 * b * size_s * t * d, transcendentals=0, bytes_accessed=rt.nbytes(q, k) + 4 * b * size_s * t
         ),
         interpret=interpret,
         name="scores",
@@ -3199,7 +3197,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
             rt.vmem_limit(4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, w, bias) + 2 * m * n
         ),
         interpret=interpret,
         name="linear",

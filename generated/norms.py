@@ -67,8 +67,8 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
             ("parallel",), rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m + (8 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
-            flops=9 * m * n,
-            transcendentals=m * n,
+            flops=8 * m * n,
+            transcendentals=m,
             bytes_accessed=rt.nbytes(x, w, b) + 10 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
@@ -310,7 +310,7 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, bl
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=26 * m * n,
+            flops=15 * m * n,
             transcendentals=0,
             bytes_accessed=rt.nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + 2 * m * n,
         ),
@@ -771,8 +771,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
             ("parallel",), rt.vmem_limit(16 * block_m * n + 8 * n + (8 * block_m if residuals else 0))
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n,
-            transcendentals=m * n,
+            flops=5 * m * n,
+            transcendentals=m,
             bytes_accessed=rt.nbytes(x, w) + 2 * m * n + (4 * m * n if residuals else 0),
         ),
         interpret=interpret,
@@ -956,7 +956,7 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n
+            flops=11 * m * n, transcendentals=m, bytes_accessed=rt.nbytes(x, w, mean_n, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward",
@@ -1156,7 +1156,7 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],  # sum_m_ref: the running sum over M
         compiler_params=rt.tpu_params(("arbitrary",), rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n)),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n
+            flops=5 * m * n, transcendentals=m, bytes_accessed=rt.nbytes(x, mean_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",

@@ -627,7 +627,7 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
             rt.vmem_limit(14 * block_m * n + 12 * block_m + (4 * block_m * n + 16 * block_m if residuals else 0)),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=8 * m * n,
+            flops=6 * m * n,
             transcendentals=0,
             bytes_accessed=rt.nbytes(x) + 5 * m * n + (8 * m * n if residuals else 0),
         ),
@@ -837,7 +837,7 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(20 * block_m * n + 32 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=13 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + 4 * m * n
         ),
         interpret=interpret,
         name="quantize_rows_int8_backward",

@@ -280,7 +280,7 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=rt.tpu_params(("parallel",), rt.vmem_limit(44 * block_m * n + 24 * block_m)),
         cost_estimate=pl.CostEstimate(
-            flops=15 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n
+            flops=13 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + 4 * m * n
         ),
         interpret=interpret,
         name="softmax_backward",

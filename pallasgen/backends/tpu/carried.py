@@ -420,25 +420,31 @@ def _block_specs(tiling: Tiling, sizes, live: str | None, namer) -> tuple[tuple[
     return lines, specs
 
 
+def _leading(terms: list[tuple[int, list[str]]]) -> list[tuple[int, list[str]]]:
+    """The terms whose factors no other term's include and exceed."""
+    return [(n, f) for n, f in terms if not any(set(f) < set(other) for _, other in terms)]
+
+
 def _cost_estimate(checked: CheckedKernel, values, sizes, residuals=frozenset()) -> str:
-    """Flops of every product (2 per multiply-add), exp and other transcendentals once
-    per element of their value, and the bytes of the arrays. In a kernel of at most one
-    product of two inputs every other operation counts once per element of its layout."""
+    """Flops of every product (2 per multiply-add) and of every other operation (1 per
+    element of its value; a reduction's, of its operand's), exp and other transcendentals
+    once per element of their value, each count's leading terms only (a term over a part
+    of another's dimensions is left out); and the bytes of the arrays."""
     kernel, fused = checked.kernel, checked.frame
     flops, transcendentals = [], []
     nodes = list(dict.fromkeys(ir.walk(*(s.value for s in kernel.body))))  # a value used twice is computed once
     for node in nodes:
-        elements = [sizes[d] for d in (checked.types[node].dims if node in checked.types else ())]
+        if not isinstance(node, (ir.Binary, ir.Unary, ir.Call)) or node not in checked.types:
+            continue
+        reduces = isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer
+        elements = [sizes[d] for d in checked.types[node.args[0] if reduces else node].dims]
         if isinstance(node, ir.Binary) and node.op == "@":
             flops.append((2, [*elements, sizes[fused.products[node].k]]))
         elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
             transcendentals.append((1, elements))
-    if not checked.framed:
-        elements = [sizes[d] for d in checked.space.layout]
-        transcendental = len(transcendentals)
-        others = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental - len(flops)
-        flops.append((others, elements))
-        transcendentals = [(transcendental, elements)]
+        else:
+            flops.append((1, elements))
+    flops, transcendentals = _leading(flops), _leading(transcendentals)
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
     # Without products, each output counts as the layout's size: counted as their own, the
     # estimate of softmax's forward and backward passes (bench --chip v5e --grad) was 40%
