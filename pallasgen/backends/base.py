@@ -68,17 +68,6 @@ class BlockAxis:
         return self.index or "0"
 
 
-def output_batch_axes(decl: ir.ArrayDecl, batch, index_names) -> tuple[tuple[BlockAxis, ...], int]:
-    """A lone product's array other than its operands is laid out over the output's
-    dimensions (the public function reshapes it so): each batch dimension an axis,
-    squeezed, of size 1 where the array lacks it. Returns those axes and how many of the
-    array's own axes they stand for."""
-    axes = tuple(
-        BlockAxis(d, "squeezed", index_names[d]) if d in decl.dims else BlockAxis(None, "squeezed", None) for d in batch
-    )
-    return axes, len([d for d in decl.dims if d in batch])
-
-
 @dataclass(frozen=True)
 class ArrayBlocks:
     name: str  # as the spec names it

@@ -14,7 +14,7 @@ from pallasgen.analysis.checks import CheckedKernel, sweep_of
 from pallasgen.analysis.dtypes import DTYPES, promote
 from pallasgen.analysis.fused import FusedKernel, array_axes
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names, output_batch_axes
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
 from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword
 from pallasgen.backends.gpu.plan import (
     GPU_DOC,
@@ -205,14 +205,8 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             return BlockAxis(dim, "whole", None)
         return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
 
-    product = checked.product
-
     def block_axes(decl: ir.ArrayDecl) -> tuple[BlockAxis, ...]:
-        own = layout(decl)
-        if product is None or decl.name in {o.name for o in product.operands}:
-            return tuple(block_axis(d) for d in own)
-        batch, taken = output_batch_axes(decl, fused.batch, index_names)
-        return (*batch, *(block_axis(d) for d in own[taken:]))
+        return tuple(block_axis(d) for d in layout(decl))
 
     tiling = Tiling(
         grid=tuple(GridAxis(d, index_names[d], "parallel", d in fused.batch) for d in grid),

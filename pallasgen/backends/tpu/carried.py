@@ -36,7 +36,7 @@ from pallasgen.backends.tpu.plan import (
     residual_vmem_code,
     wrap,
 )
-from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names, output_batch_axes
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling, frame_grid_names
 from pallasgen.backends.tpu.chips import (
     FUSED_BLOCK,
     chip_blocks,
@@ -375,13 +375,8 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     """An array's blocks; with `live`, a block of the swept dimension that a step skips
     is block 0."""
     fused = checked.frame
-    own = array_axes(decl, fused)
     axes = []
-    product = checked.product
-    if product is not None and decl.name not in {o.name for o in product.operands}:
-        batch, taken = output_batch_axes(decl, fused.batch, index_names)
-        axes, own = list(batch), own[taken:]
-    for dim in own:
+    for dim in array_axes(decl, fused):
         if dim in fused.batch:
             axes.append(BlockAxis(dim, "squeezed", index_names[dim]))
         elif dim is None:
