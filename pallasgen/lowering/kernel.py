@@ -148,14 +148,15 @@ def lower_kernel(
 def contracted_inputs(checked: CheckedKernel) -> dict[str, bool]:
     """The inputs read only as products' operands, each with whether a product reads it
     transposed (`x.T`): kernels block them as declared, and the reference contracts them so."""
-    products = checked.frame.products.values()
-    read = {}
-    for product in products:
-        for side in (product.node.left, product.node.right):
-            value, transposed = product_operand(side)
-            if isinstance(value, ir.Name):
-                read.setdefault(value.id, []).append(transposed)
-    uses = Counter(n.id for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Name))
+    nodes = list(ir.walk(*(s.value for s in checked.kernel.body)))  # a value read twice is walked twice
+    read: dict[str, list[bool]] = {}
+    for node in nodes:
+        if isinstance(node, ir.Binary) and node.op == "@":
+            for side in (node.left, node.right):
+                value, transposed = product_operand(side)
+                if isinstance(value, ir.Name):
+                    read.setdefault(value.id, []).append(transposed)
+    uses = Counter(n.id for n in nodes if isinstance(n, ir.Name))
     inputs = {d.name for d in checked.kernel.inputs}
     return {name: any(t) for name, t in read.items() if name in inputs and uses[name] == len(t)}
 
