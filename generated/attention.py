@@ -48,7 +48,12 @@ def _attention_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+                if k.shape[0] == 1
+                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
@@ -406,11 +411,20 @@ def _attention_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+                if k.shape[0] == 1
+                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dp = (
+            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
+            if v.shape[0] == 1
+            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         ds = p * (dp - delta)
         ds_1 = jnp.where(
@@ -772,11 +786,20 @@ def _attention_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
+                if q.shape[0] == 1
+                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dp = (
+            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
+            if do.shape[0] == 1
+            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
@@ -1136,11 +1159,20 @@ def _attention_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+                if k.shape[0] == 1
+                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dp = (
+            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
+            if v.shape[0] == 1
+            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
         acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
@@ -1483,11 +1515,20 @@ def _attention_dkdv_kernel(
         st = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
+                if q.shape[0] == 1
+                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         pt = jnp.exp(st - lse)
-        dpt = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dpt = (
+            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
+            if do.shape[0] == 1
+            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), step * block_s, s, 1, 0, ragged=s % block_s)
         acc_s_rhs = rt.fill_past(do, step * block_s, s, 0, 0, ragged=s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
@@ -1828,7 +1869,11 @@ def _attention_full_kernel(
 
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    s = (
+        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+        if k.shape[0] == 1
+        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * scale
     max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
@@ -2114,9 +2159,17 @@ def _attention_full_backward_dq_kernel(
 
     q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    s = (
+        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+        if k.shape[0] == 1
+        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * scale
     p = jnp.exp(s - lse)
-    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = (
+        jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
+        if v.shape[0] == 1
+        else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    )
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
     acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
@@ -2378,9 +2431,17 @@ def _attention_full_backward_dkdv_kernel(
 
     k, v = k_ref[...], v_ref[...]
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    s = (
+        jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
+        if q.shape[0] == 1
+        else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * scale
     p = jnp.exp(s - lse)
-    dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = (
+        jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
+        if do.shape[0] == 1
+        else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    )
     ds = p * (dp - delta)
     acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
     acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
@@ -2659,7 +2720,12 @@ def _attention_bottom_right_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+                if k.shape[0] == 1
+                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
@@ -3025,11 +3091,20 @@ def _attention_bottom_right_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+                if k.shape[0] == 1
+                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dp = (
+            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
+            if v.shape[0] == 1
+            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
@@ -3396,11 +3471,20 @@ def _attention_bottom_right_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale,
+            (
+                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
+                if q.shape[0] == 1
+                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            )
+            * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        dp = (
+            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
+            if do.shape[0] == 1
+            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        )
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
@@ -3766,7 +3850,11 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
 
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
+    s = (
+        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+        if k.shape[0] == 1
+        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * 0.088388
     max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
@@ -4058,9 +4146,17 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
 
     q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
+    s = (
+        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+        if k.shape[0] == 1
+        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * 0.088388
     p = jnp.exp(s - lse)
-    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = (
+        jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
+        if v.shape[0] == 1
+        else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    )
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
     acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
@@ -4322,9 +4418,17 @@ def _gqa_backward_dkdv_kernel(
 
     k, v = k_ref[...], v_ref[...]
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * 0.088388
+    s = (
+        jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
+        if q.shape[0] == 1
+        else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ) * 0.088388
     p = jnp.exp(s - lse)
-    dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = (
+        jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
+        if do.shape[0] == 1
+        else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    )
     ds = p * (dp - delta)
     acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
     acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
@@ -5140,10 +5244,8 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
     dacc, w = dacc_ref[...], w_ref[...]
-    acc_n_lhs = (
-        rt.fill_past(dacc.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dacc
-    )
-    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else w
+    acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(w, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + (
         jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_n_rhs.shape[0] == 1
@@ -5305,10 +5407,8 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
     x, dacc = x_ref[...], dacc_ref[...]
-    acc_m_lhs = rt.fill_past(x.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else x
-    acc_m_rhs = (
-        rt.fill_past(dacc.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dacc
-    )
+    acc_m_lhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(dacc, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )

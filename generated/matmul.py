@@ -699,8 +699,10 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
     dacc = jnp.where(acc > 0, dz, 0)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
-        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
+        if acc_n_rhs.shape[0] == 1
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -1082,14 +1084,14 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
     x, y = x_ref[...], y_ref[...]
-    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
-    acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc = acc_k_ref[...]
         bias = bias_ref[...]
+        acc = acc_k_ref[...]
         if acc_ref is not None:
             acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -1312,8 +1314,10 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
     dacc = dz_1.astype(jnp.bfloat16)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
-        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
+        if acc_n_rhs.shape[0] == 1
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -1874,8 +1878,8 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.int32)
 
     x, y = x_ref[...], y_ref[...]
-    acc_k_lhs = rt.fill_past(x.astype(jnp.int32), step * block_k, k, 1, 0).astype(jnp.int8) if k % block_k else x
-    acc_k_rhs = rt.fill_past(y.astype(jnp.int32), step * block_k, k, 0, 0).astype(jnp.int8) if k % block_k else y
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.int32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -2025,8 +2029,8 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
     x, y = x_ref[...], y_ref[...]
-    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
-    acc_k_rhs = rt.fill_past(y.astype(jnp.float32), step * block_k, k, 0, 0).astype(jnp.bfloat16) if k % block_k else y
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(y, step * block_k, k, 0, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2191,8 +2195,10 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
     dacc = dz.astype(jnp.bfloat16)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
-        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    acc_n_ref[...] = acc_n_ref[...] + (
+        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
+        if acc_n_rhs.shape[0] == 1
+        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -2852,10 +2858,8 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
     dacc, k = dacc_ref[...], k_ref[...]
-    acc_t_lhs = (
-        rt.fill_past(dacc.astype(jnp.float32), step * block_t, t, 1, 0).astype(jnp.bfloat16) if t % block_t else dacc
-    )
-    acc_t_rhs = rt.fill_past(k.astype(jnp.float32), step * block_t, t, 0, 0).astype(jnp.bfloat16) if t % block_t else k
+    acc_t_lhs = rt.fill_past(dacc, step * block_t, t, 1, 0, ragged=t % block_t)
+    acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -3005,10 +3009,8 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
 
     dacc, q = dacc_ref[...], q_ref[...]
-    acc_s_lhs = (
-        rt.fill_past(dacc.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16) if s % block_s else dacc
-    )
-    acc_s_rhs = rt.fill_past(q.astype(jnp.float32), step * block_s, s, 0, 0).astype(jnp.bfloat16) if s % block_s else q
+    acc_s_lhs = rt.fill_past(dacc, step * block_s, s, 0, 0, ragged=s % block_s)
+    acc_s_rhs = rt.fill_past(q, step * block_s, s, 0, 0, ragged=s % block_s)
     acc_s_ref[...] = acc_s_ref[...] + jax.lax.dot_general(
         acc_s_lhs, acc_s_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -3162,8 +3164,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
         acc_k_ref[...] = jnp.full(acc_k_ref.shape, 0, jnp.float32)
 
     x, w = x_ref[...], w_ref[...]
-    acc_k_lhs = rt.fill_past(x.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else x
-    acc_k_rhs = rt.fill_past(w.astype(jnp.float32), step * block_k, k, 1, 0).astype(jnp.bfloat16) if k % block_k else w
+    acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
+    acc_k_rhs = rt.fill_past(w, step * block_k, k, 1, 0, ragged=k % block_k)
     acc_k_ref[...] = acc_k_ref[...] + (
         jnp.sum(acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True)
         if acc_k_rhs.shape[0] == 1
@@ -3172,8 +3174,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_k = acc_k_ref[...]
-        y_ref[...] = (acc_k + bias_ref[...]).astype(jnp.bfloat16)
+        bias = bias_ref[...]
+        y_ref[...] = (acc_k_ref[...] + bias).astype(jnp.bfloat16)
 
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
@@ -3461,10 +3463,8 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
         acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
     dy, w = dy_ref[...], w_ref[...]
-    acc_n_lhs = (
-        rt.fill_past(dy.astype(jnp.float32), step * block_n, n, 1, 0).astype(jnp.bfloat16) if n % block_n else dy
-    )
-    acc_n_rhs = rt.fill_past(w.astype(jnp.float32), step * block_n, n, 0, 0).astype(jnp.bfloat16) if n % block_n else w
+    acc_n_lhs = rt.fill_past(dy, step * block_n, n, 1, 0, ragged=n % block_n)
+    acc_n_rhs = rt.fill_past(w, step * block_n, n, 0, 0, ragged=n % block_n)
     acc_n_ref[...] = acc_n_ref[...] + jnp.dot(acc_n_lhs, acc_n_rhs, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -3607,10 +3607,8 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
         acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
     dy, x = dy_ref[...], x_ref[...]
-    acc_m_lhs = (
-        rt.fill_past(dy.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else dy
-    )
-    acc_m_rhs = rt.fill_past(x.astype(jnp.float32), step * block_m, m, 0, 0).astype(jnp.bfloat16) if m % block_m else x
+    acc_m_lhs = rt.fill_past(dy, step * block_m, m, 0, 0, ragged=m % block_m)
+    acc_m_rhs = rt.fill_past(x, step * block_m, m, 0, 0, ragged=m % block_m)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )

@@ -422,6 +422,18 @@ def test_mosaic_compiles_the_kernel(attention, name, chip):
 
 
 @compiled
+@pytest.mark.parametrize("name", [n for n in KERNELS if n not in ("matmul_softmax", "rmsnorm_matmul")])
+@pytest.mark.parametrize("sizes", [dict(s=40, t=1, d=64), dict(s=1, t=40, d=64)], ids=["one_key", "one_query"])
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_mosaic_compiles_the_kernel_with_one_key_or_one_query(attention, name, sizes, chip):
+    """A block of one row (decoding's first step: one key) as the right operand of q @ k.T
+    (or do @ v.T) is multiplied and summed: Mosaic's dot of a one-row bf16 operand does
+    not compile."""
+    arrays = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs(name, np.random.default_rng(5), **sizes)]
+    assert_mosaic_compiles(functools.partial(getattr(attention, name), interpret=False), arrays, chip)
+
+
+@compiled
 @pytest.mark.parametrize("name", KERNELS)
 def test_triton_compiles_the_kernel_with_every_access_masked(attention, name):
     assert_triton_compiles_masked(functools.partial(getattr(attention, name), interpret=False), abstract(name))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pallasgen.analysis.dtypes import DTYPES, promote, tpu_dtype
+from pallasgen.analysis.dtypes import promote
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Carry, named, walk_outside
 from pallasgen.analysis.fused import FusedKernel
@@ -179,9 +179,8 @@ class FusedLowering:
         self.fused: FusedKernel = self.checked.frame
         self.extents, self.placement, self.emitter_for, self.load = extents, placement, emitter_for, load
         self.types = self.checked.types
-        # Mosaic's limits on a single product of two inputs (`checked.product`): its operands
-        # masked in 32 bits, and x @ y.T with a one-row y multiplied and summed (`_product_term`).
-        self.mosaic_product = mosaic and self.checked.product is not None
+        # Mosaic's limit on a product: x @ y.T with a one-row y multiplied and summed (`_product_term`).
+        self.mosaic = mosaic
         # `blockwise`: running values the shape of a block, merged position by position each
         # step and reduced once, after the last (every carry's kind merges so); `rows`: those
         # blocks are one-dimensional, held as rows of 128 lanes (`rt.as_rows`).
@@ -210,26 +209,18 @@ class FusedLowering:
         product, which fails for all but f32, and an f32 result of one column fails to
         broadcast over what follows: there it is multiplied and summed instead."""
         dot = dot_code(product, lhs, rhs, accumulate)
-        if not self.mosaic_product or (product.lhs_contracts, product.rhs_contracts) != (1, 1):
+        if not self.mosaic or (product.lhs_contracts, product.rhs_contracts) != (1, 1):
             return dot
         vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
         return f"({vector} if {rhs}.shape[0] == 1 else {dot})"
 
     def _fill_operand(self, value: str, node: ir.Expr, axis: int) -> str:
         """`value`, a product's operand, with 0 past the swept dimension's end on a ragged
-        last block; on Mosaic, a 16- or 8-bit one selected in 32 bits (it cannot select
-        such blocks of fewer than 5 rows)."""
+        last block (`rt.fill_past`)."""
         if self.loads_fill_zeros and self._loaded(node):
             return value
         size = self.lowered.sizes[self.checked.sweep.dim]
-        dtype = DTYPES[tpu_dtype(self.types[node].dtype.name)]  # f16 is computed as f32 there
-        if not self.mosaic_product or dtype.bits >= 32:
-            return f"rt.fill_past({value}, {self.start}, {size}, {axis}, 0, ragged={self.ragged})"
-        wide = F32 if dtype.is_float else "jnp.int32"
-        filled = (
-            f"rt.fill_past({value}.astype({wide}), {self.start}, {size}, {axis}, 0).astype({jnp_dtype(dtype.name)})"
-        )
-        return f"{filled} if {self.ragged} else {value}"
+        return f"rt.fill_past({value}, {self.start}, {size}, {axis}, 0, ragged={self.ragged})"
 
     def _loaded(self, node: ir.Expr) -> bool:
         """Whether a value is an input as loaded, or a cast of one."""
@@ -550,8 +541,6 @@ class FusedLowering:
             line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)
         ]
         loads = self._loads(statements, factors, skip=computed)
-        if self.mosaic_product:  # no factors: the accumulator read first (its epilogue's lowering as before)
-            return read_where_used([*lines, *loads, *stores])
         return read_where_used([*loads, *lines, *stores])
 
     def _reduced(self, carry: Carry, read: list[str]) -> list[str]:

@@ -1492,11 +1492,15 @@ def nbytes(*arrays):
 def fill_past(value, start, size, axis, identity, ragged=True):
     """`value` with `identity` at the positions along `axis` (from `start`) past `size`:
     never what a ragged last block holds there (padding, or another block's values).
-    `value` itself where `ragged` is false (blocks tile `size`)."""
+    `value` itself where `ragged` is false (blocks tile `size`). A 16- or 8-bit value is
+    selected in 32 bits: Mosaic cannot select such blocks of fewer than 5 rows."""
     if not ragged:
         return value
     positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
+    if value.dtype.itemsize >= 4 or value.dtype == jnp.bool_:
+        return jnp.where(positions < size, value, identity)
+    wide = jnp.float32 if jnp.issubdtype(value.dtype, jnp.floating) else jnp.int32
+    return jnp.where(positions < size, value.astype(wide), identity).astype(value.dtype)
 
 
 def rows_shape(block):
