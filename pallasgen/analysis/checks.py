@@ -76,9 +76,7 @@ class CheckedKernel:
     def batch(self) -> tuple[str, ...]:
         """The dimensions it steps one element at a time (blocked by 1, squeezed out of its
         tiles): a product's batch dimensions, or a framed kernel's."""
-        if self.framed:
-            return self.frame.batch
-        return batch_dims(self.product) if self.product is not None else ()
+        return self.frame.batch if self.frame is not None else ()
 
     @property
     def has_products(self) -> bool:
