@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from pallasgen.cli import main
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.analysis.fused import array_axes
-from pallasgen.lowering.parts import layout_of
 from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.backends.tpu.tiling import format_bytes, vmem_bytes
@@ -83,10 +82,7 @@ def blocks_of(checked, gpu: bool) -> dict[str, int]:
 def drawn_axes(checked, decl, sizes, gpu) -> list[tuple[int, int]]:
     """(size, block) of the rows and columns an array is drawn in: the last two
     dimensions of its layout, a broadcast one as (1, 1)."""
-    if checked.framed:
-        layout = array_axes(decl, checked.frame)
-    else:
-        layout = layout_of(decl, checked.space.layout, checked.product)
+    layout = array_axes(decl, checked.frame)
     blocks = blocks_of(checked, gpu)
     return [(1, 1) if d is None else (sizes[d], min(blocks.get(d, sizes[d]), sizes[d])) for d in layout[-2:]]
 

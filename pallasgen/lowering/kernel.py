@@ -3,17 +3,16 @@ the arrays, the public signature, and the reference in plain jax.numpy."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.infer import product_operand
 from pallasgen.frontend import ir
 from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import (
     array_comment,
+    contracted_inputs,
     body_statements,
     load_statements,
     parameter_list,
@@ -143,22 +142,6 @@ def lower_kernel(
         ),
         plain=plain,
     )
-
-
-def contracted_inputs(checked: CheckedKernel) -> dict[str, bool]:
-    """The inputs read only as products' operands, each with whether a product reads it
-    transposed (`x.T`): kernels block them as declared, and the reference contracts them so."""
-    nodes = list(ir.walk(*(s.value for s in checked.kernel.body)))  # a value read twice is walked twice
-    read: dict[str, list[bool]] = {}
-    for node in nodes:
-        if isinstance(node, ir.Binary) and node.op == "@":
-            for side in (node.left, node.right):
-                value, transposed = product_operand(side)
-                if isinstance(value, ir.Name):
-                    read.setdefault(value.id, []).append(transposed)
-    uses = Counter(n.id for n in nodes if isinstance(n, ir.Name))
-    inputs = {d.name for d in checked.kernel.inputs}
-    return {name: any(t) for name, t in read.items() if name in inputs and uses[name] == len(t)}
 
 
 def _array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref: str, sizes, contracted) -> ArrayPlan:

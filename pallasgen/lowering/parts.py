@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from pallasgen.frontend import ir
-from pallasgen.analysis.product import Product
+from pallasgen.analysis.infer import product_operand
+from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.lowering.pyexpr import Emitter
 
 # Black's line length for generated code (the project's own); every width a plan wraps
@@ -109,15 +111,6 @@ def _joined_comment(comments: list[str]) -> str:
     return "; ".join(comments)
 
 
-def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
-    """The dimensions an array is blocked over: a product operand keeps its own; any
-    other array is laid out over the kernel's layout `out_dims` (IterationSpace.layout),
-    None where it lacks a dimension (it broadcasts there, or a reduction removed it)."""
-    if product is not None and decl.name in {o.name for o in product.operands}:
-        return decl.dims
-    return tuple(d if d in decl.dims else None for d in out_dims)
-
-
 def tuple_code(items) -> str:
     items = list(items)
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
@@ -176,10 +169,26 @@ def if_residuals(code: str, array) -> str:
     return f"{code} if residuals else None" if array.residual else code
 
 
+def contracted_inputs(checked: CheckedKernel) -> dict[str, bool]:
+    """The inputs read only as products' operands, each with whether a product reads it
+    transposed (`x.T`): kernels block them as declared, and the reference contracts them so."""
+    nodes = list(ir.walk(*(s.value for s in checked.kernel.body)))  # a value read twice is walked twice
+    read: dict[str, list[bool]] = {}
+    for node in nodes:
+        if isinstance(node, ir.Binary) and node.op == "@":
+            for side in (node.left, node.right):
+                value, transposed = product_operand(side)
+                if isinstance(value, ir.Name):
+                    read.setdefault(value.id, []).append(transposed)
+    uses = Counter(n.id for n in nodes if isinstance(n, ir.Name))
+    inputs = {d.name for d in checked.kernel.inputs}
+    return {name: any(t) for name, t in read.items() if name in inputs and uses[name] == len(t)}
+
+
 def load_statements(kernel, values, checked, load, only=None) -> list[str]:
     """Loads of the inputs the body uses (of those in `only`, if given), operands aside."""
     used = used_names(kernel)
-    operands = {o.name for o in checked.product.operands} if checked.product else set()
+    operands = set(contracted_inputs(checked))
     wanted = [d for d in kernel.inputs if d.name in used - operands and (only is None or d.name in only)]
     return assigned_together([(values[d.name], load(d)) for d in wanted])
 

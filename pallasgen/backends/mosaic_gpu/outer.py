@@ -20,6 +20,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
+    layout_of,
     kernel_call,
     program_lines,
     reductions,
@@ -27,7 +28,7 @@ from pallasgen.backends.mosaic_gpu.support import (
     spec_list,
 )
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import assigned_together, layout_of, tuple_code
+from pallasgen.lowering.parts import assigned_together, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
 

@@ -36,6 +36,7 @@ from pallasgen.backends.mosaic_gpu.outer import PIPELINE_STAGES as OUTER_STAGES,
 from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
+    layout_of,
     SMEM_BUDGET,
     compact,
     copy_out,
@@ -51,7 +52,6 @@ from pallasgen.lowering.parts import (
     LINE_LENGTH,
     body_statements,
     if_residuals,
-    layout_of,
     load_statements,
     kernel_signature,
     parameter_list,

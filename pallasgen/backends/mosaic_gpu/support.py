@@ -13,6 +13,7 @@ import re
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.product import Product
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.backends.mosaic_gpu.fused_support import fused_problem
 from pallasgen.frontend import ir
@@ -132,6 +133,15 @@ def compact(lines: list[str], width: int = LINE_LENGTH - 4) -> list[str]:
         else:
             out.append([(name, value)])
     return [f"{', '.join(n for n, _ in g)} = {', '.join(v for _, v in g)}" for g in out]
+
+
+def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
+    """The dimensions an array is blocked over here: a product operand keeps its own; any
+    other array is laid out over the kernel's layout `out_dims` (IterationSpace.layout),
+    None where it lacks a dimension (it broadcasts there, or a reduction removed it)."""
+    if product is not None and decl.name in {o.name for o in product.operands}:
+        return decl.dims
+    return tuple(d if d in decl.dims else None for d in out_dims)
 
 
 def refusal(checked: CheckedKernel) -> str | None:
