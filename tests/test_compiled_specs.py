@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import BF16, load_module, unmasked_block_accesses
+from kernel_cases import BF16, load_module, take_gpu_branch, unmasked_block_accesses
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import generate
 
@@ -423,6 +423,17 @@ def test_interpreted_kernel_matches_numpy(built, name):
     rng = np.random.default_rng(1)
     arrays = numpy_inputs(name, rng)
     compare(name, getattr(built(name), name)(*arrays), expected(name, *arrays))
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_interpreted_triton_kernel_matches_numpy(built, name, monkeypatch):
+    """The Triton path too: bmm_bias's bias [N] and scale [M], which lack the batch
+    dimension, are blocked as the kernel's tiles hold them (one block for every batch
+    element), as on TPU."""
+    module = built(name)
+    take_gpu_branch(monkeypatch, module)
+    arrays = numpy_inputs(name, np.random.default_rng(1))
+    compare(name, getattr(module, name)(*arrays), expected(name, *arrays))
 
 
 def test_a_call_time_block_that_breaks_the_tiling_rule_is_refused_before_compiling(built):

@@ -19,8 +19,7 @@ import pytest
 from jax._src.mesh import AbstractDevice
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_cases import BF16, derived_kernels, generated_module, kernels_in, load_module, spec_inputs, take_gpu_branch
-from pallasgen.workspace.pipeline import generate
+from kernel_cases import BF16, derived_kernels, generated_module, kernels_in, load_module, spec_inputs
 
 SMALL_BLOCKS = dict(block_m=16, block_n=128, block_k=128)
 # int8 arrays take blocks of 32 rows: Mosaic tiles them (32, 128).
@@ -230,33 +229,3 @@ def test_lowers_for_tpu_with_ragged_sizes(mm, kernel):
     with jax.sharding.use_abstract_mesh(mesh):
         lowered = jax.jit(function).trace(*LOWERING_CASES[kernel]).lower(lowering_platforms=("tpu",))
     assert "tpu_custom_call" in lowered.as_text()
-
-
-BATCHED_BIAS = """
-kernel batched_bias {
-    in  x: bf16[B, M, K]
-    in  y: bf16[B, K, N]
-    in  bias: f32[N]
-    in  scale: f32[M]
-    out z: f32[B, M, N]
-    z = (x @ y) * scale + bias
-    block B = 1, M = 16, N = 128, K = 128
-    grad none
-}
-"""
-
-
-@pytest.mark.parametrize("path", ["tpu", "triton"])
-def test_a_batched_product_reads_inputs_broadcast_over_its_batch(tmp_path, monkeypatch, rng, path):
-    """bias [N] and scale [M] lack the batch dimension B: each backend blocks them as its
-    tiles hold them (one block for every batch element), at ragged M, N and K."""
-    (tmp_path / "batched_bias.py").write_text(generate(BATCHED_BIAS, "batched_bias.pallas", "batched_bias.pallas"))
-    module = load_module(tmp_path / "batched_bias.py", "_batched_bias")
-    if path == "triton":
-        take_gpu_branch(monkeypatch, module)
-    b, m, n, k = 3, 40, 200, 300
-    x, y = normal(rng, (b, m, k), BF16), normal(rng, (b, k, n), BF16)
-    bias, scale = normal(rng, (n,), np.float32), normal(rng, (m,), np.float32)
-    got = module.batched_bias(x, y, bias, scale, interpret=True)
-    want = np.einsum("bmk,bkn->bmn", f64(x), f64(y)) * f64(scale)[:, None] + f64(bias)
-    assert_close(got, want, rtol=1e-4, atol=1e-3)
