@@ -76,3 +76,12 @@ def test_a_docstrings_long_lines_are_wrapped_and_the_others_kept_as_they_are():
     lines = docstring((sentence,)).splitlines()
     assert len(lines) == 3 and all(len(line) <= 120 for line in lines) and lines[-1] == '    """'
     assert " ".join(line.strip().strip('"') for line in lines).strip() == sentence
+
+
+def test_a_tpu_cost_estimate_counts_each_operation_once_per_element_of_its_value():
+    """rsqrt runs once per row (M of them), not once per element; mean counts the elements
+    it reduces; `+ 1e-6` on each row's mean is a term over fewer dimensions than the
+    others, left out: 3 * m * n flops (x * x, the mean, the product)."""
+    source = "kernel rms {\n in x: f32[M, N]\n out y: f32[M, N]\n y = x * rsqrt(mean(x * x, N) + 1e-6)\n grad none\n}\n"
+    module = render_module(plan_module("rms.pallas", check_source(source, "rms.pallas")))
+    assert "pl.CostEstimate(flops=3 * m * n, transcendentals=m, bytes_accessed=rt.nbytes(x) + 4 * m * n)" in module

@@ -12,8 +12,8 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import (
     array_comment,
-    contracted_inputs,
     body_statements,
+    contracted_inputs,
     load_statements,
     parameter_list,
     tuple_code,
@@ -34,8 +34,8 @@ class ArrayPlan:
     dims: tuple[str, ...]
     ref: str
     comment: str
-    expand: str | None  # wrapper statement that lays an input out over the output dims
-    reference_expand: str | None
+    expand: str | None  # the public function's statement that lays an input out as the tiles hold it
+    reference_expand: str | None  # the reference's, over its whole layout (None: held as declared)
     shape: str  # (m, n), for outputs
     layout_shape: str  # its shape laid out over the kernel's layout: (m, 1) for an [M] of [M, N]
     restore: str | None  # reshapes an output of lower rank than the layout to its own shape
