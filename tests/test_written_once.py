@@ -168,4 +168,4 @@ def test_a_value_of_the_pass_that_does_not_vary_along_it_is_computed_once_before
         assert "o.astype" not in step.split("return")[0], kernel  # not in the pass
     assert "acc_t, lse, delta = carry" in _function(source, "_dq_mosaic_gpu_kernel")
     tpu = _function(source, "_dq_kernel")
-    assert tpu.count("jnp.sum(") == 2  # in each step's strip, and in the last step's outputs
+    assert tpu.count("delta = jnp.sum(") == 2  # in each step's strip, and in the last step's outputs
