@@ -48,12 +48,7 @@ def _attention_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            (
-                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-                if k.shape[0] == 1
-                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(q, k, jnp.float32) * scale,
             -jnp.inf,
         )
         max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
@@ -411,20 +406,11 @@ def _attention_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            (
-                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-                if k.shape[0] == 1
-                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(q, k, jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = (
-            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
-            if v.shape[0] == 1
-            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dp = rt.dot_t(do, v, jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         ds = p * (dp - delta)
         ds_1 = jnp.where(
@@ -786,20 +772,11 @@ def _attention_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            (
-                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
-                if q.shape[0] == 1
-                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(k, q, jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = (
-            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
-            if do.shape[0] == 1
-            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dp = rt.dot_t(v, do, jnp.float32)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
@@ -1159,20 +1136,11 @@ def _attention_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            (
-                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-                if k.shape[0] == 1
-                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(q, k, jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = (
-            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
-            if v.shape[0] == 1
-            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dp = rt.dot_t(do, v, jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         acc_t_lhs = rt.fill_past((p * (dp - delta)).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
         acc_t_rhs = rt.fill_past(k, step * block_t, t, 0, 0, ragged=t % block_t)
@@ -1515,20 +1483,11 @@ def _attention_dkdv_kernel(
         st = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            (
-                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
-                if q.shape[0] == 1
-                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(k, q, jnp.float32) * scale,
             -jnp.inf,
         )
         pt = jnp.exp(st - lse)
-        dpt = (
-            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
-            if do.shape[0] == 1
-            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dpt = rt.dot_t(v, do, jnp.float32)
         acc_s_lhs = rt.fill_past(pt.astype(jnp.bfloat16), step * block_s, s, 1, 0, ragged=s % block_s)
         acc_s_rhs = rt.fill_past(do, step * block_s, s, 0, 0, ragged=s % block_s)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
@@ -1869,11 +1828,7 @@ def _attention_full_kernel(
 
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = (
-        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-        if k.shape[0] == 1
-        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * scale
+    s = rt.dot_t(q, k, jnp.float32) * scale
     max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
@@ -2159,17 +2114,9 @@ def _attention_full_backward_dq_kernel(
 
     q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = (
-        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-        if k.shape[0] == 1
-        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * scale
+    s = rt.dot_t(q, k, jnp.float32) * scale
     p = jnp.exp(s - lse)
-    dp = (
-        jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
-        if v.shape[0] == 1
-        else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    dp = rt.dot_t(do, v, jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
     acc_t_lhs = rt.fill_past((ds * scale).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
@@ -2431,17 +2378,9 @@ def _attention_full_backward_dkdv_kernel(
 
     k, v = k_ref[...], v_ref[...]
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    s = (
-        jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
-        if q.shape[0] == 1
-        else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * scale
+    s = rt.dot_t(k, q, jnp.float32) * scale
     p = jnp.exp(s - lse)
-    dp = (
-        jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
-        if do.shape[0] == 1
-        else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    dp = rt.dot_t(v, do, jnp.float32)
     ds = p * (dp - delta)
     acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
     acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
@@ -2720,12 +2659,7 @@ def _attention_bottom_right_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            (
-                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-                if k.shape[0] == 1
-                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(q, k, jnp.float32) * scale,
             -jnp.inf,
         )
         max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
@@ -3091,20 +3025,11 @@ def _attention_bottom_right_backward_dq_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
-            (
-                jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-                if k.shape[0] == 1
-                else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(q, k, jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = (
-            jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
-            if v.shape[0] == 1
-            else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dp = rt.dot_t(do, v, jnp.float32)
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
@@ -3471,20 +3396,11 @@ def _attention_bottom_right_backward_dkdv_kernel(
         s = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
-            (
-                jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
-                if q.shape[0] == 1
-                else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            )
-            * scale,
+            rt.dot_t(k, q, jnp.float32) * scale,
             -jnp.inf,
         )
         p = jnp.exp(s - lse)
-        dp = (
-            jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
-            if do.shape[0] == 1
-            else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        )
+        dp = rt.dot_t(v, do, jnp.float32)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
             s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
@@ -3850,11 +3766,7 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
 
     q = q_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = (
-        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-        if k.shape[0] == 1
-        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * 0.088388
+    s = rt.dot_t(q, k, jnp.float32) * 0.088388
     max_t_block = rt.fill_past(s, step * block_t, t, 1, -jnp.inf, ragged=t % block_t)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
@@ -4146,17 +4058,9 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
 
     q, o, do, lse = q_ref[...], o_ref[...], do_ref[...], lse_ref[...]
     k, v = k_ref[...], v_ref[...]
-    s = (
-        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-        if k.shape[0] == 1
-        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * 0.088388
+    s = rt.dot_t(q, k, jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
-    dp = (
-        jnp.sum(do.astype(jnp.float32) * v.astype(jnp.float32), axis=1, keepdims=True)
-        if v.shape[0] == 1
-        else jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    dp = rt.dot_t(do, v, jnp.float32)
     delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
     ds = p * (dp - delta)
     acc_t_lhs = rt.fill_past((ds * 0.088388).astype(jnp.bfloat16), step * block_t, t, 1, 0, ragged=t % block_t)
@@ -4418,17 +4322,9 @@ def _gqa_backward_dkdv_kernel(
 
     k, v = k_ref[...], v_ref[...]
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    s = (
-        jnp.sum(k.astype(jnp.float32) * q.astype(jnp.float32), axis=1, keepdims=True)
-        if q.shape[0] == 1
-        else jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * 0.088388
+    s = rt.dot_t(k, q, jnp.float32) * 0.088388
     p = jnp.exp(s - lse)
-    dp = (
-        jnp.sum(v.astype(jnp.float32) * do.astype(jnp.float32), axis=1, keepdims=True)
-        if do.shape[0] == 1
-        else jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    dp = rt.dot_t(v, do, jnp.float32)
     ds = p * (dp - delta)
     acc_s_lhs = rt.fill_past(p.astype(jnp.bfloat16), step * block_s, size_s, 1, 0, ragged=size_s % block_s)
     acc_s_rhs = rt.fill_past(do, step * block_s, size_s, 0, 0, ragged=size_s % block_s)
@@ -5246,11 +5142,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
     dacc, w = dacc_ref[...], w_ref[...]
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(w, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_n_ref[...] = acc_n_ref[...] + rt.dot_t(acc_n_lhs, acc_n_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():

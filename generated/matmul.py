@@ -196,11 +196,7 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
     dz, y = dz_ref[...], y_ref[...]
     acc_n_lhs = rt.fill_past(dz, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_n_ref[...] = acc_n_ref[...] + rt.dot_t(acc_n_lhs, acc_n_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -699,11 +695,7 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
     dacc = jnp.where(acc > 0, dz, 0)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_n_ref[...] = acc_n_ref[...] + rt.dot_t(acc_n_lhs, acc_n_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -1314,11 +1306,7 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
     dacc = dz_1.astype(jnp.bfloat16)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_n_ref[...] = acc_n_ref[...] + rt.dot_t(acc_n_lhs, acc_n_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
@@ -2195,11 +2183,7 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
     dacc = dz.astype(jnp.bfloat16)
     acc_n_lhs = rt.fill_past(dacc, step * block_n, n, 1, 0, ragged=n % block_n)
     acc_n_rhs = rt.fill_past(y, step * block_n, n, 1, 0, ragged=n % block_n)
-    acc_n_ref[...] = acc_n_ref[...] + (
-        jnp.sum(acc_n_lhs.astype(jnp.float32) * acc_n_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_n_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_n_ref[...] = acc_n_ref[...] + rt.dot_t(acc_n_lhs, acc_n_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -2604,11 +2588,7 @@ def batched_matmul_backward_y(dz, x):
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     q, k = q_ref[...], k_ref[...]
-    s_ref[...] = (
-        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
-        if k.shape[0] == 1
-        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    ) * scale
+    s_ref[...] = rt.dot_t(q, k, jnp.float32) * scale
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
@@ -3166,11 +3146,7 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
     x, w = x_ref[...], w_ref[...]
     acc_k_lhs = rt.fill_past(x, step * block_k, k, 1, 0, ragged=k % block_k)
     acc_k_rhs = rt.fill_past(w, step * block_k, k, 1, 0, ragged=k % block_k)
-    acc_k_ref[...] = acc_k_ref[...] + (
-        jnp.sum(acc_k_lhs.astype(jnp.float32) * acc_k_rhs.astype(jnp.float32), axis=1, keepdims=True)
-        if acc_k_rhs.shape[0] == 1
-        else jax.lax.dot_general(acc_k_lhs, acc_k_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    )
+    acc_k_ref[...] = acc_k_ref[...] + rt.dot_t(acc_k_lhs, acc_k_rhs, jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():

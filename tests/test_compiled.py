@@ -212,6 +212,14 @@ def test_mosaic_compiles_int8_with_32_row_blocks(module, kernel, block_m):
     compile_tpu(module, kernel, sizes, "v5e", **blocks)
 
 
+@pytest.mark.parametrize("kernel", ["matmul_bias_gelu", "matmul_int8"])
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_a_narrow_operand_of_two_rows_masked_past_a_ragged_k_compiles(kernel, chip):
+    """Mosaic cannot select a 16- or 8-bit block of fewer than 5 rows: `rt.fill_past`
+    masks such an operand past K's end in 32 bits (K = 1100 in blocks of 512)."""
+    compile_tpu("matmul", kernel, {"M": 2, "N": 130, "K": 1100}, chip, block_k=512)
+
+
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
 def test_blocks_beyond_the_scoped_default_compile_with_a_raised_limit(chip):
     """bias_gelu blocks of 1024x2048 need 16.1 MiB, more than Mosaic's 16 MiB default

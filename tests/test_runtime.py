@@ -95,6 +95,12 @@ FEATURES = {
         {"add_in_strips", "strip_view"},
         {"S": 40, "T": 300, "D": 8},
     ),
+    # One key: a one-row right operand of q @ k.T, which Mosaic multiplies and sums.
+    "one-key": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nout s: f32[S, T]\ns = q @ k.T\nblock S = 16, T = 128",
+        {"dot_t"},
+        {"S": 20, "T": 1, "D": 40},
+    ),
     "row-input-beside-a-reduction": (
         "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
         {"mgpu_load_vector", "mgpu_copy_in"},
@@ -133,12 +139,13 @@ FEATURES = {
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
 INPUTS = {
     "blocks-in-strips": (("S", "D"), ("T", "D")),
+    "one-key": (("S", "D"), ("T", "D")),
     "row-input-beside-a-reduction": (("M", "N"), ("M",)),
     "fused-attention": (("S", "D"), ("T", "D"), ("T", "E")),
     "mosaic-gpu-product": (("M", "K"), ("K", "N")),
     "dot-held-whole": (("M", "K"), ("K", "N")),
 }
-BF16_INPUTS = {"fused-attention"}  # features whose inputs are bf16 (the others': f32)
+BF16_INPUTS = {"fused-attention", "one-key"}  # features whose inputs are bf16 (the others': f32)
 
 
 @functools.cache

@@ -179,7 +179,7 @@ class FusedLowering:
         self.fused: FusedKernel = self.checked.frame
         self.extents, self.placement, self.emitter_for, self.load = extents, placement, emitter_for, load
         self.types = self.checked.types
-        # Mosaic's limit on a product: x @ y.T with a one-row y multiplied and summed (`_product_term`).
+        # Mosaic's limit on a product: x @ y.T with a one-row y (`_product_term`, `rt.dot_t`).
         self.mosaic = mosaic
         # `blockwise`: running values the shape of a block, merged position by position each
         # step and reduced once, after the last (every carry's kind merges so); `rows`: those
@@ -205,14 +205,10 @@ class FusedLowering:
         return self._product_term(product, lhs, rhs, self._accumulate(node))
 
     def _product_term(self, product, lhs: str, rhs: str, accumulate: str) -> str:
-        """The product of two tiles. On Mosaic, x @ y.T with a one-row y lowers as a vector
-        product, which fails for all but f32, and an f32 result of one column fails to
-        broadcast over what follows: there it is multiplied and summed instead."""
-        dot = dot_code(product, lhs, rhs, accumulate)
-        if not self.mosaic or (product.lhs_contracts, product.rhs_contracts) != (1, 1):
-            return dot
-        vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
-        return f"({vector} if {rhs}.shape[0] == 1 else {dot})"
+        """The product of two tiles; on Mosaic, x @ y.T is `rt.dot_t`'s (a one-row y)."""
+        if self.mosaic and (product.lhs_contracts, product.rhs_contracts) == (1, 1):
+            return f"rt.dot_t({lhs}, {rhs}, {accumulate})"
+        return dot_code(product, lhs, rhs, accumulate)
 
     def _fill_operand(self, value: str, node: ir.Expr, axis: int) -> str:
         """`value`, a product's operand, with 0 past the swept dimension's end on a ragged

@@ -1503,6 +1503,16 @@ def fill_past(value, start, size, axis, identity, ragged=True):
     return jnp.where(positions < size, value.astype(wide), identity).astype(value.dtype)
 
 
+def dot_t(lhs, rhs, preferred_element_type):
+    """`lhs @ rhs.T`, both tiles contracted on their last axis, as Mosaic takes it: a
+    one-row `rhs` (one key) is multiplied and summed, since Mosaic lowers that product as
+    a vector product, which fails for all but f32, and an f32 result of one column fails
+    to broadcast over what follows."""
+    if rhs.shape[0] == 1:
+        return jnp.sum(lhs.astype(preferred_element_type) * rhs.astype(preferred_element_type), axis=1, keepdims=True)
+    return jax.lax.dot_general(lhs, rhs, (((1,), (1,)), ((), ())), preferred_element_type=preferred_element_type)
+
+
 def rows_shape(block):
     """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
     lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
