@@ -75,7 +75,7 @@ class CheckedKernel:
     @property
     def batch(self) -> tuple[str, ...]:
         """The dimensions it steps one element at a time (blocked by 1, squeezed out of its
-        tiles): a product's batch dimensions, or a framed kernel's."""
+        tiles): its frame's batch dimensions, those outside every product's matrices."""
         return self.frame.batch if self.frame is not None else ()
 
     @property

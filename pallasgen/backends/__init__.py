@@ -28,7 +28,6 @@ def targeted(targets: tuple[str, ...] = TARGETS) -> tuple[Backend, ...]:
         raise ValueError(f"unknown targets {sorted(unknown)}; the targets are {', '.join(TARGETS)}")
     return tuple(backend for backend in BACKENDS if backend.target in targets)
 
-
 @dataclass(frozen=True)
 class ModulePlan:
     spec_path: str
@@ -47,16 +46,14 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...], targets: tup
     backends = targeted(targets)
     targets = tuple(backend.target for backend in backends)
     kernels = every_kernel(kernels)
-    module_names = frozenset(
-        {
-            name
-            for k in kernels
-            for name in (
-                *(name for backend in backends for name in backend.function_names(k.kernel.name)),
-                vjp_function_name(k.kernel.name),
-            )
-        }
-    )
+    module_names = frozenset({
+        name
+        for k in kernels
+        for name in (
+            *(name for backend in backends for name in backend.function_names(k.kernel.name)),
+            vjp_function_name(k.kernel.name),
+        )
+    })
     plans = tuple(_plan_kernel(k, module_names, spec_path, backends, targets) for k in kernels)
     return ModulePlan(spec_path, plans, tuple(backend.template for backend in backends), targets)
 

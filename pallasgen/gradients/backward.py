@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.frontend import ir
 
-
 @dataclass(frozen=True)
 class Argument:
     """One array a backward kernel takes, by `source`: the forward input `name`

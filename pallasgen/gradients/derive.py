@@ -17,12 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.gradients import (
-    attention as attention_gradients,
-    fused as fused_gradients,
-    products as product_gradients,
-    reverse,
-)
+from pallasgen.gradients import attention as attention_gradients, fused as fused_gradients, products as product_gradients, reverse
 from pallasgen.gradients.backward import Argument, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir

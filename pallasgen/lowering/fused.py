@@ -60,9 +60,10 @@ def carried_tile(carry: Carry, frame: FusedKernel, dim: str, blockwise: bool) ->
     return tuple(a for a in frame.frame[carry.value] if a and (a != dim or blockwise))
 
 
-def running_count(carry: Carry) -> int:
-    """How many running values `carry` keeps (argmax: the max and its position)."""
-    return len(running_parts(carry.kind)) if carry.kind in FUNCTIONS else 1  # not dot, expsum
+def carried_parts(carry: Carry) -> tuple[str | None, ...]:
+    """What each running value of `carry` is called beside the others (None: a lone one;
+    argmax keeps the max and its position)."""
+    return running_parts(carry.kind) if carry.kind in FUNCTIONS else (None,)  # not dot, expsum
 
 
 @dataclass(frozen=True)
@@ -384,8 +385,7 @@ class FusedLowering:
     def _carry_names(self, carry: Carry) -> list[str]:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
         base = f"{base}_{self.checked.sweep.dim.lower()}"
-        parts = running_parts(carry.kind) if carry.kind in FUNCTIONS else (None,)  # not dot, expsum
-        return [self._claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
+        return [self._claim(base if p is None else f"{base}_{p}") + self._suffix() for p in carried_parts(carry)]
 
     def _claim(self, wanted: str) -> str:
         """A running value's name."""

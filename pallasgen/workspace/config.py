@@ -55,9 +55,7 @@ def load_config(start: Path) -> Config:
         if not isinstance(value, str):
             raise ConfigError(f"{pyproject}: [tool.pallasgen] {key} must be a string")
         values[key] = root / value
-    return Config(
-        values["specs"], values["out"], pyproject, read_targets(table.get("targets", list(TARGETS)), pyproject)
-    )
+    return Config(values["specs"], values["out"], pyproject, read_targets(table.get("targets", list(TARGETS)), pyproject))
 
 
 def read_targets(value, pyproject: Path) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from pallasgen.frontend.text import format_bytes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
-from pallasgen.lowering.fused import carried_tile, running_count
+from pallasgen.lowering.fused import carried_parts, carried_tile
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
 from pallasgen.analysis.fused import FusedKernel, array_axes
@@ -194,8 +194,9 @@ def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None
     one, or it without its residuals). A kernel of at most one product of two inputs:
     its arrays' double-buffered blocks and working copies (`vmem`); a framed one: its
     arrays' blocks, as its tiles hold them, and the running values it carries across its
-    swept dimension, its working tiles left to the compiler (a tuned matmul_bias_gelu
-    backward kernel that `vmem` counts at 105 MiB compiled within the 100 MiB it asked)."""
+    swept dimension, its working tiles left to the compiler (counted as `vmem` counts them,
+    matmul_bias_gelu_backward_x at its tuned v5e blocks would need 105 MiB: it compiled
+    within the 100 MiB its launcher asks)."""
     kernel = kernel or checked.kernel
     if not checked.framed:
         return vmem(kernel, blocks, checked.product)
@@ -217,7 +218,7 @@ def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None
                 carry.kind, f"running {carry.kind}"
             )
             dims = carried_tile(carry, frame, sweep.dim, blockwise)
-            parts.append(VmemPart(what, None, running_count(carry), 4, dims))
+            parts.append(VmemPart(what, None, len(carried_parts(carry)), 4, dims))
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
