@@ -19,6 +19,8 @@ import pytest
 from jax._src.mesh import AbstractDevice
 from jax.experimental.pallas import tpu as pltpu
 
+from pallasgen.workspace.pipeline import generate
+
 from kernel_cases import BF16, derived_kernels, generated_module, kernels_in, load_module, spec_inputs
 
 SMALL_BLOCKS = dict(block_m=16, block_n=128, block_k=128)
@@ -112,6 +114,50 @@ def test_scores_scale_q_against_every_key(mm, rng, shape_class):
     q, k = normal(rng, (2, s, d), BF16), normal(rng, (2, t, d), BF16)
     got = mm.scores(q, k, block_s=16, block_t=128, scale=0.5)
     assert_close(got, 0.5 * np.einsum("bsd,btd->bst", f64(q), f64(k)), rtol=1e-4, atol=1e-3)
+
+
+# Products that once had a plan of their own and rules to match: one path now takes them.
+MIXED_SPEC = """
+kernel mixed {
+    in  x: bf16[M, K]
+    in  y: f32[K, N]
+    out z: f32[M, N]
+    z = x @ y
+    block M = 16, N = 128, K = 128
+}
+
+kernel product_and_row_sums {
+    in  x: f32[M, K]
+    in  y: f32[K, N]
+    in  b: f32[M]
+    out z: f32[M, N]
+    out r: f32[M]
+    z = x @ y
+    r = b * 2
+    block M = 16, N = 128, K = 128
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mixed") / "mixed.py"
+    path.write_text(generate(MIXED_SPEC, "specs/mixed.pallas", "specs/mixed.pallas"), encoding="utf-8")
+    return load_module(path, "_pallasgen_mixed")
+
+
+def test_operands_of_two_float_dtypes_are_converted_to_their_common_one(mixed, rng):
+    m, n, k = SHAPES["ragged"]
+    x, y = normal(rng, (m, k), BF16), normal(rng, (k, n), np.float32)
+    assert_close(mixed.mixed(x, y), f64(x) @ f64(y), rtol=1e-5, atol=1e-4)
+
+
+def test_a_product_kernel_has_outputs_of_other_dimensions(mixed, rng):
+    m, n, k = SHAPES["ragged"]
+    x, y, b = normal(rng, (m, k), np.float32), normal(rng, (k, n), np.float32), normal(rng, (m,), np.float32)
+    z, r = mixed.product_and_row_sums(x, y, b)
+    assert_close(z, f64(x) @ f64(y), rtol=1e-5, atol=1e-4)
+    assert_close(r, 2 * f64(b), rtol=0, atol=0)
 
 
 def test_ragged_k_padding_never_reaches_the_sum(mm):

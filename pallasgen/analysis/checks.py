@@ -13,19 +13,11 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import Sweep, sweep_over
-from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_framed, layout_frame
+from pallasgen.analysis.fused import FusedKernel, analyze_fused, layout_frame
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
-from pallasgen.analysis.product import (
-    Product,
-    analyze_product,
-    batch_dims,
-    find_products,
-    operand_names,
-    product_dims,
-    product_fits,
-)
+from pallasgen.analysis.product import Product, find_products, single_product
 from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.analysis.space import Dimension, IterationSpace, Reduction, declared_dims
 from pallasgen.analysis.valuetypes import ValueType
@@ -50,13 +42,15 @@ class CheckedKernel:
     size_sources: dict[str, tuple[str, int]]  # dim -> (input name, axis) giving its size
     types: dict[ir.Expr, ValueType] = field(hash=False)
     blocks: dict[str, int]  # blocked dims -> default block size (the `block` statement)
+    # Its matrix work where that is one product of two inputs (`analysis.product.single_product`),
+    # a form a backend may plan as a product alone; its tiles are the frame's all the same.
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
     tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
-    # Every kernel's tiles (analysis.fused): its products' (`framed`), a single product's, or
-    # over the layout of a kernel without products. The TPU and Triton plan every kernel
-    # from them, Mosaic GPU those with products.
+    # Every kernel's tiles (analysis.fused): its products', or over the layout of a kernel
+    # without products. The TPU and Triton plan every kernel from them, Mosaic GPU those
+    # with products.
     frame: FusedKernel | None = None
     sweep: Sweep | None = None  # what any kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
@@ -67,9 +61,8 @@ class CheckedKernel:
 
     @property
     def framed(self) -> bool:
-        """Whether its products are its frame's alone: several, of a computed operand, or
-        beside a reduction (`analysis.fused.is_framed`); it has no single `product` of two
-        inputs with a plan of its own."""
+        """Whether it has products and no `product` alone: several, of a computed operand,
+        or beside a reduction (`analysis.fused.is_framed`)."""
         return self.product is None and self.frame is not None and bool(self.frame.products)
 
     @property
@@ -123,37 +116,34 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
 
 
 def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
-    """Every check of one kernel, in one pass: its declarations, its product (a single
-    product of two inputs, `analysis.product`, where it has one: any other products are
-    the frame's, `analysis.fused`), its iteration space and blocks, the types of its body,
-    its tiles (its frame) and what it carries across its swept dimension, then each
-    backend's checks."""
+    """Every check of one kernel, in one pass: its declarations, its iteration space and
+    blocks, the types of its body, its tiles (its frame, `analysis.fused`) and what it
+    carries across its swept dimension, then each backend's checks."""
     found: list[Diagnostic] = []
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
-    framed = is_framed(kernel)
-    product, problems = (None, []) if framed else analyze_product(kernel)
-    found.extend(problems)
-    found.extend(check_accumulate(kernel, product))
-    space, sizes, space_problems = derive_space(kernel, product, framed)
+    products = find_products(kernel)
+    space, sizes, space_problems = derive_space(kernel)
     found.extend(space_problems)
     unplaced = declared_dims(kernel) - set(space.names)
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
-    types, type_problems = infer_body(kernel, space.names, product)
-    if not space_problems and not framed:  # else which dimensions an output keeps is in doubt
+    types, type_problems = infer_body(kernel, space.names)
+    if not space_problems and not products:  # a product's blocks follow its frame's rules
         blocks, problems = reduction_blocks(kernel, space, blocks, types)
         found.extend(problems)
     found.extend(type_problems)
+    found.extend(check_accumulate(kernel, products, types))
     frame, sweep = None, None
     if not found:
-        if product is not None:  # its tiles are framed from its operands' types too
-            types = {**infer_body(kernel, space.names, None)[0], **types}
-        frame, problems = _frame(kernel, space, types, blocks, product, framed)
+        frame, problems = _frame(kernel, space, types, blocks)
         found.extend(problems)
     if frame is not None:
         sweep, problems = sweep_of(kernel, types, blocks, frame.batch)
         found.extend(problems)
+    product = single_product(kernel) if not found else None
+    if product is not None:
+        space = _contracted(space, product)
     checked = CheckedKernel(kernel, space, sizes, types, blocks, product, {}, sweep=sweep, frame=frame)
     passed = None if found else checked  # the backends check its tiles once it has passed
     settings = {}
@@ -163,18 +153,12 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     return replace(checked, settings=settings), found
 
 
-def _frame(kernel: ir.Kernel, space: IterationSpace, types, blocks: dict[str, int], product, framed: bool):
+def _frame(kernel: ir.Kernel, space: IterationSpace, types, blocks: dict[str, int]):
     """The kernel's tiles (`analysis.fused`), or the diagnostics saying why not."""
-    if framed:
+    if find_products(kernel):
         return analyze_fused(kernel, types, space.names, blocks)
-    if product is None:
-        output_dims = {d for out in kernel.outputs for d in out.dims}
-        return layout_frame(types, space.layout, blocks, output_dims), []
-    # Its batch dimensions take one element per step whatever the TPU's blocks say (the
-    # TPU's checks ask for `block B = 1`; a kernel checked without them, as a Mosaic GPU
-    # stage or for GPU targets only, steps them so too).
-    one_each = {d: 1 for d in batch_dims(product)}
-    return analyze_fused(kernel, types, space.names, {**blocks, **one_each})
+    output_dims = {d for out in kernel.outputs for d in out.dims}
+    return layout_frame(types, space.layout, blocks, output_dims), []
 
 
 def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[Sweep | None, list[Diagnostic]]:
@@ -185,8 +169,9 @@ def sweep_of(kernel: ir.Kernel, types, blocks: dict[str, int], batch) -> tuple[S
     return sweep_over(kernel, types, dim) if dim else (None, [])
 
 
-def _framed_dims(kernel: ir.Kernel) -> tuple[str, ...]:
-    """A framed kernel's dimensions: the outputs', then the others in the inputs' order."""
+def _product_kernel_dims(kernel: ir.Kernel) -> tuple[str, ...]:
+    """A kernel with products: its dimensions are the outputs', then the others in the
+    inputs' order."""
     dims: list[str] = []
     for decl in kernel.outputs + kernel.inputs:
         dims.extend(d for d in decl.dims if d not in dims)
@@ -262,23 +247,29 @@ def check_params(kernel: ir.Kernel) -> list[Diagnostic]:
     return found
 
 
-def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnostic]:
+def check_accumulate(kernel: ir.Kernel, products: list[ir.Binary], types) -> list[Diagnostic]:
+    """`accumulate` is given once, for a kernel with products, and names the dtype they
+    accumulate in (`analysis.infer`: f32 for float operands, i32 for integers)."""
     found = []
     for extra in kernel.accumulates[1:]:
         found.append(Diagnostic(extra.position, "accumulate is given twice"))
     for acc in kernel.accumulates[:1]:
         if acc.dtype not in DTYPES:
             found.append(_unknown_dtype(acc.dtype, acc.position))
-        elif not find_products(kernel):
+        elif not products:
             found.append(Diagnostic(acc.position, "accumulate applies only to a kernel with a matrix product (@)"))
+        elif products[0] in types and types[products[0]].dtype.name != acc.dtype:
+            accumulator = types[products[0]].dtype
+            kind = "float" if accumulator.is_float else "integer"
+            found.append(
+                Diagnostic(acc.position, f"{kind} operands accumulate in {accumulator.name} on TPU, not {acc.dtype}")
+            )
     return found
 
 
-def derive_space(
-    kernel: ir.Kernel, product: Product | None, framed: bool
-) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
-    """The iteration space, where each size comes from, and the dimension rules (`framed`:
-    a kernel whose products are its frame's, `analysis.fused`, which has rules of its own)."""
+def derive_space(kernel: ir.Kernel) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
+    """The iteration space, where each size comes from, and the dimension rules (those of
+    a kernel with products are its frame's, `analysis.fused`)."""
     found = repeated_dims(kernel)
     if not kernel.outputs:
         return IterationSpace(()), {}, found
@@ -297,10 +288,8 @@ def derive_space(
                         position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
                     )
                 )
-    if framed:
-        dims, problems = _framed_dims(kernel), []
-    elif product is not None:
-        dims, problems = _product_dims(kernel, product, unsized)
+    if find_products(kernel):
+        dims, problems = _product_kernel_dims(kernel), []
     else:
         dims, problems = _layout(kernel, unsized)
     found.extend(problems)
@@ -311,7 +300,7 @@ def derive_space(
             found.append(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
-    return _space(kernel, dims, product, framed), sizes, found
+    return _space(kernel, dims), sizes, found
 
 
 def repeated_dims(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -323,47 +312,6 @@ def repeated_dims(kernel: ir.Kernel) -> list[Diagnostic]:
                 found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
             seen.add(dim)
     return found
-
-
-def _product_dims(kernel: ir.Kernel, product: Product, unsized: set[str]) -> tuple[tuple[str, ...], list[Diagnostic]]:
-    """A product kernel's dimensions: its outputs', all the same, then the contracted one."""
-    found = []
-    first = kernel.outputs[0]
-    dims = first.dims
-    if not dims:
-        found.append(Diagnostic(first.position, f"output '{first.name}' is a scalar; a product's outputs are matrices"))
-    for out in kernel.outputs[1:]:
-        if out.dims != dims:
-            found.append(
-                Diagnostic(
-                    out.position,
-                    f"all outputs of a product kernel have the same dimensions: '{out.name}' is {dims_text(out.dims)}"
-                    f" but '{first.name}' is {dims_text(dims)}",
-                )
-            )
-    operands = operand_names(kernel)
-    for decl in kernel.inputs:
-        if decl.name not in operands:
-            found.extend(_subsequence_problems(decl, dims, unsized))
-    if not product_fits(product, dims) and not unsized:  # else the outputs' dimensions are in doubt
-        found.append(_product_misfit(product, dims))
-    for call in _reductions(kernel):
-        found.append(
-            Diagnostic(call.func_position, f"a kernel with a matrix product cannot also reduce with {call.func}()")
-        )
-    return (*dims, product.k), found
-
-
-def _product_misfit(product: Product, dims: tuple[str, ...]) -> Diagnostic:
-    """Why the product's value is not the outputs' `dims`."""
-    value_dims = product_dims(product)
-    if sorted(value_dims) == sorted(dims) and dims[-2:] == value_dims[-2:]:
-        return Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
-    return Diagnostic(
-        product.node.position,
-        f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
-        f" same dimensions, ending in {product.m}, {product.n}",
-    )
 
 
 def reduction_blocks(
@@ -435,8 +383,7 @@ def _layout(kernel: ir.Kernel, unsized: set[str]) -> tuple[tuple[str, ...], list
     """The dimension order every array is laid out over: that of the first array, inputs
     then outputs, that has every dimension of the kernel. The others follow its order;
     where they cannot, dimensions already reported `unsized` go unmentioned."""
-    operands = operand_names(kernel)  # of a product too wrong to analyze: reported already
-    arrays = [decl for decl in kernel.inputs + kernel.outputs if decl.name not in operands]
+    arrays = [*kernel.inputs, *kernel.outputs]
     every = {d for decl in arrays for d in decl.dims}
     if not every:
         return (), [
@@ -463,20 +410,22 @@ def _reductions(kernel: ir.Kernel) -> list[ir.Call]:
     return sorted(calls, key=lambda n: (n.position.line, n.position.column))
 
 
-def _space(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, framed: bool) -> IterationSpace:
-    """Each dimension kept (an output has it) or reduced, with the reductions over it; a
-    product's contracted one is reduced by `dot`. A framed kernel's reductions are its
-    frame's and its carries' (`analysis.carries`)."""
-    if product is not None:
-        kept = tuple(Dimension(d, kept=True) for d in dims if d != product.k)
-        contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
-        return IterationSpace((*kept, contracted), contracted=product.k)
+def _space(kernel: ir.Kernel, dims: tuple[str, ...]) -> IterationSpace:
+    """Each dimension kept (an output has it) or reduced, with the reductions over it. A
+    kernel with products has its reductions in its frame and its carries
+    (`analysis.carries`)."""
     output_dims = {d for out in kernel.outputs for d in out.dims}
-    if framed:
-        return IterationSpace(tuple(Dimension(d, kept=d in output_dims) for d in dims))
-    calls = _reductions(kernel)
+    calls = [] if find_products(kernel) else _reductions(kernel)
     over = {d: tuple(Reduction(c.func, c) for c in calls if _reduced_dim(c) == d) for d in dims}
     return IterationSpace(tuple(Dimension(d, kept=d in output_dims, reductions=over[d]) for d in dims))
+
+
+def _contracted(space: IterationSpace, product: Product) -> IterationSpace:
+    """The space of a kernel whose matrix work is its `single_product`: the contracted
+    dimension, last, reduced by a `dot`; the other arrays are laid out without it."""
+    kept = tuple(d for d in space.dims if d.name != product.k)
+    contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
+    return IterationSpace((*kept, contracted), contracted=product.k)
 
 
 def _reduced_dim(call: ir.Call) -> str | None:

@@ -19,28 +19,17 @@ from dataclasses import dataclass, field
 
 from pallasgen.analysis.carries import ValueProblem, named, values_read
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.infer import product_operand
+from pallasgen.analysis.infer import dims_text, product_operand
+from pallasgen.analysis.product import find_products, single_product
 from pallasgen.analysis.valuetypes import ValueType
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 
 
 def is_framed(kernel: ir.Kernel) -> bool:
-    """Whether a kernel's products are its frame's alone, with no single product of two
-    inputs (`analysis.product`) to plan: several products, a product of a value that is
-    not an input array, or a product beside a reduction or softmax."""
-    nodes = list(ir.walk(*(s.value for s in kernel.body)))
-    products = [n for n in nodes if isinstance(n, ir.Binary) and n.op == "@"]
-    if not products:
-        return False
-    inputs = {d.name for d in kernel.inputs}
-    computed = any(
-        not (isinstance(value, ir.Name) and value.id in inputs)
-        for node in products
-        for value, _ in map(product_operand, (node.left, node.right))
-    )
-    reduces = any(isinstance(n, ir.Call) and n.func in FUNCTIONS and FUNCTIONS[n.func].reducer for n in nodes)
-    return len(products) > 1 or computed or reduces
+    """Whether a kernel has products and none is its `single_product`: several products,
+    a product of a value that is not an input array, or a product beside a reduction."""
+    return bool(find_products(kernel)) and single_product(kernel) is None
 
 
 @dataclass(frozen=True)
@@ -77,16 +66,11 @@ def analyze_fused(
     output_dims = {d for out in kernel.outputs for d in out.dims}
     products = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
     batch = _batch_dims(products, types, dims)
-    found = []
-    for dim in batch:
-        if blocks.get(dim) != 1:
-            anchor = items[dim].position if dim in items else kernel.position
-            found.append(
-                Diagnostic(
-                    anchor,
-                    f"{dim} is a batch dimension of a product: it takes one element per step; write block {dim} = 1",
-                )
-            )
+    # A batch dimension takes one element per step, written so or not (a backend may ask
+    # for the `block` statement to say so: the TPU's checks do).
+    found = [
+        Diagnostic(items[dim].position, batch_block_problem(dim)) for dim in batch if dim in blocks and blocks[dim] != 1
+    ]
     swept = [d for d in dims if d in blocks and d not in output_dims and d not in batch]
     for dim in swept[1:]:
         found.append(
@@ -108,6 +92,11 @@ def analyze_fused(
         return None, [problem.diagnostic]
     parallel = tuple(d for d in dims if d in blocks and d in output_dims and d not in batch)
     return FusedKernel(batch, row, parallel, frame, fused_products), []
+
+
+def batch_block_problem(dim: str) -> str:
+    """Why a product's batch dimension is blocked by 1."""
+    return f"{dim} is a batch dimension of a product: it takes one element per step; write block {dim} = 1"
 
 
 def layout_frame(types: dict[ir.Expr, ValueType], layout: tuple[str, ...], blocks, output_dims) -> FusedKernel:
@@ -180,8 +169,16 @@ class _Frame:
         self.found: dict[ir.Expr, tuple] = {}
 
     def axes(self) -> dict[ir.Expr, tuple]:
+        outputs = {d.name: d for d in self.kernel.outputs}
         for statement in self.kernel.body:
-            self.of(statement.value)
+            axes = [a for a in self.of(statement.value) if a is not None]
+            out = outputs.get(getattr(statement, "target", None))
+            if out is not None and len(axes) == 2 and axes != [d for d in out.dims if d not in self.batch]:
+                raise ValueProblem(
+                    statement.value,
+                    f"this value's tile is laid out ({', '.join(axes)}) but output '{out.name}' is"
+                    f" {dims_text(out.dims)}; compute it in the output's order (y.T @ x.T is (x @ y).T)",
+                )
         return self.found
 
     def of(self, node: ir.Expr) -> tuple:

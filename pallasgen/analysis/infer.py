@@ -11,7 +11,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, did_you_mean
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.product import OPERAND_DTYPES, Product, product_dims, product_fits
+from pallasgen.analysis.product import OPERAND_DTYPES
 from pallasgen.analysis.space import declared_dims
 from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
 
@@ -19,11 +19,9 @@ COMPARISON_OPS = frozenset({"==", "!=", "<", "<=", ">", ">="})
 LOGIC_OPS = frozenset({"&", "|"})
 
 
-def infer_body(
-    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
-) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
+def infer_body(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
     """Types every expression in order of the statements; outputs are assigned once."""
-    inference = _Inference(kernel, dims, product)
+    inference = _Inference(kernel, dims)
     for statement in kernel.body:
         inference.statement(statement)
     declared = [d.name for d in kernel.inputs + kernel.outputs + kernel.params]
@@ -35,11 +33,10 @@ def infer_body(
 
 
 class _Inference:
-    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None):
+    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...]):
         self.kernel = kernel
         self.dims = dims
         self.unplaced = declared_dims(kernel) - set(dims)  # for errors reported already
-        self.product = product
         self.output_dims = kernel.outputs[0].dims if kernel.outputs else ()
         self.types: dict[ir.Expr, ValueType] = {}
         self.found: list[Diagnostic] = []
@@ -98,7 +95,7 @@ class _Inference:
                 Diagnostic(
                     statement.value.position,
                     f"the value has dimensions {dims_text(value.dims)} but output '{out.name}' is {dims_text(out.dims)}"
-                    + ("" if self.product else f"; reduce {extra[0]} away, e.g. sum(..., {extra[0]})"),
+                    f"; reduce {extra[0]} away, e.g. sum(..., {extra[0]})",
                 )
             )
         if value.dtype == BOOL and DTYPES[out.dtype] != BOOL:
@@ -119,16 +116,7 @@ class _Inference:
 
     def _name(self, node: ir.Name) -> ValueType | None:
         if node.id in self.scope:
-            value = self.scope[node.id]
-            if self.product is not None and value is not None and not set(value.dims) <= set(self.output_dims):
-                self.found.append(
-                    Diagnostic(
-                        node.position,
-                        f"'{node.id}' has the contracted dimension {self.product.k}; use it only as an operand of @",
-                    )
-                )
-                return None
-            return value
+            return self.scope[node.id]
         if node.id in self.unknown or (node.id in self.outputs and node.id not in self.assigned):
             return None  # reported already, or its declaration is: "output ... is never assigned"
         if node.id in self.statement_names:  # not in scope yet: assigned later
@@ -180,12 +168,7 @@ class _Inference:
 
     def _binary(self, node: ir.Binary) -> ValueType | None:
         if node.op == "@":
-            if self.product is None:
-                return self._matmul(node)
-            if node != self.product.node or not product_fits(self.product, self.output_dims):
-                return None  # not a product the kernel computes: reported in checks
-            value_dims = set(product_dims(self.product))
-            return ValueType(self.product.accumulator, tuple(d for d in self.dims if d in value_dims))
+            return self._matmul(node)
         left, right = self.expr(node.left), self.expr(node.right)
         if left is None or right is None:
             return None
@@ -223,8 +206,7 @@ class _Inference:
         return result
 
     def _matmul(self, node: ir.Binary) -> ValueType | None:
-        """A product of any two values (a fused kernel: see analysis.fused): its operands are
-        matrices, optionally transposed, whose contracted dimensions agree; floats accumulate
+        """A product of any two values: its operands are matrices, optionally transposed, whose contracted dimensions agree; floats accumulate
         in f32, integers in i32."""
         sides = [product_operand(side) for side in (node.left, node.right)]
         types = [self.expr(value) for value, _ in sides]
@@ -234,14 +216,18 @@ class _Inference:
         for (value, transposed), side_type in zip(sides, types):
             if len(side_type.dims) < 2:
                 self.found.append(
-                    Diagnostic(value.position, f"a product operand is a matrix, not {dims_text(side_type.dims)}")
+                    Diagnostic(
+                        value.position,
+                        f"{_operand_text(value, 'this operand')} is not a matrix ({dims_text(side_type.dims)}):"
+                        " a product operand has two or more dimensions",
+                    )
                 )
                 return None
             if side_type.dtype.name not in OPERAND_DTYPES:
                 self.found.append(
                     Diagnostic(
                         value.position,
-                        f"products take {', '.join(OPERAND_DTYPES)} operands, not {side_type.dtype.name}",
+                        f"matrix products take {', '.join(OPERAND_DTYPES)} operands, not {side_type.dtype.name}",
                     )
                 )
                 return None
@@ -252,8 +238,9 @@ class _Inference:
             self.found.append(
                 Diagnostic(
                     node.op_position,
-                    f"the contracted dimensions differ: the left operand ends in {k} but the right one has {k_right}"
-                    f" second to last{'; transpose one with .T' if k in matrices[1] else ''}",
+                    f"the contracted dimensions differ: {_operand_text(sides[0][0], 'the left operand')} ends in {k}"
+                    f" but {_operand_text(sides[1][0], 'the right one')} has {k_right} second to last"
+                    f"{'; transpose one with .T' if k in matrices[1] else ''}",
                 )
             )
             return None
@@ -425,6 +412,11 @@ class _Inference:
         problem = literal_problem(value, text, context.dtype)
         if problem:
             self.found.append(Diagnostic(node.position, problem))
+
+
+def _operand_text(value: ir.Expr, otherwise: str) -> str:
+    """How a message names a product operand: `'x'` where it is a name."""
+    return f"'{value.id}'" if isinstance(value, ir.Name) else otherwise
 
 
 def product_operand(node: ir.Expr) -> tuple[ir.Expr, bool]:

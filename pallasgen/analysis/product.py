@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import DTYPES, F32, I32, DType
-from pallasgen.frontend.errors import Diagnostic
+from pallasgen.analysis.functions import FUNCTIONS
 
 OPERAND_DTYPES = ("f32", "bf16", "f16", "i8")
 
@@ -47,65 +47,44 @@ def find_products(kernel: ir.Kernel) -> list[ir.Binary]:
     return sorted(found, key=lambda n: (n.position.line, n.position.column))
 
 
-def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]]:
-    """The kernel's one product (None if it has none, or its operands are not matrices
-    of inputs), and diagnostics for anything it cannot compute."""
+def product_of_inputs(kernel: ir.Kernel) -> Product | None:
+    """The kernel's one product where its operands are matrices of input arrays (each
+    optionally transposed) of one dtype: its operands, dimensions and accumulator. None
+    for any other kernel."""
     products = find_products(kernel)
-    if not products:
-        return None, []
-    found = [
-        Diagnostic(extra.op_position, "a kernel computes one matrix product; split the others into their own kernels")
-        for extra in products[1:]
-    ]
+    if len(products) != 1:
+        return None
     node = products[0]
     inputs = {d.name: d for d in kernel.inputs}
-    operands = []
-    for side in (node.left, node.right):
-        operand, problem = _operand(side, inputs)
-        if problem:
-            found.append(problem)
-        operands.append(operand)
-    if found or None in operands:
-        return None, found
-    lhs, rhs = operands
-    for operand, side in zip(operands, (node.left, node.right)):
-        if len(operand.dims) < 2:
-            found.append(
-                Diagnostic(
-                    side.position, f"'{operand.name}' is not a matrix: a product operand has two or more dimensions"
-                )
-            )
-    if found:
-        return None, found
+    lhs, rhs = (_operand(side, inputs) for side in (node.left, node.right))
+    if lhs is None or rhs is None or lhs.dtype != rhs.dtype:
+        return None
     *_, m, k = lhs.matrix_dims
-    *_, k_right, n = rhs.matrix_dims
-    if k != k_right:
-        return None, [
-            *found,
-            Diagnostic(
-                node.op_position,
-                f"the contracted dimensions differ: '{lhs.name}' ends in {k} but '{rhs.name}' has {k_right}"
-                f" second to last{'; transpose one with .T' if k in rhs.dims else ''}",
-            ),
-        ]
-    if lhs.dtype != rhs.dtype:
-        found.append(
-            Diagnostic(
-                node.op_position,
-                f"'{lhs.name}' is {lhs.dtype.name} but '{rhs.name}' is {rhs.dtype.name}; the operands of @ share a dtype",
-            )
-        )
-    elif lhs.dtype.name not in OPERAND_DTYPES:
-        found.append(
-            Diagnostic(
-                node.op_position, f"matrix products take {', '.join(OPERAND_DTYPES)} operands, not {lhs.dtype.name}"
-            )
-        )
-    accumulator, problems = _accumulator(kernel, lhs.dtype)
-    found.extend(problems)
-    # The product is known even when its dtypes are wrong, so later checks do not
-    # mistake its operands for elementwise inputs.
-    return Product(node, lhs, rhs, m, n, k, accumulator), found
+    *_, _, n = rhs.matrix_dims
+    return Product(node, lhs, rhs, m, n, k, F32 if lhs.dtype.is_float else I32)
+
+
+def single_product(kernel: ir.Kernel) -> Product | None:
+    """`product_of_inputs` where it is the kernel's whole matrix work, the form a backend
+    may plan as a product alone (Mosaic GPU's wgmma pipeline): nothing reduced beside
+    it, and every output and every other input laid out as its value's dimensions."""
+    product = product_of_inputs(kernel)
+    if product is None or any(
+        isinstance(n, ir.Call) and n.func in FUNCTIONS and FUNCTIONS[n.func].reducer
+        for n in ir.walk(*(s.value for s in kernel.body))
+    ):
+        return None
+    dims = kernel.outputs[0].dims
+    if any(out.dims != dims for out in kernel.outputs) or not product_fits(product, dims):
+        return None
+    operands = {o.name for o in product.operands}
+    others = [d.dims for d in kernel.inputs if d.name not in operands]
+    return product if all(_in_order(other, dims) for other in others) else None
+
+
+def _in_order(dims: tuple[str, ...], of: tuple[str, ...]) -> bool:
+    """Whether `dims` are some of `of`'s, in its order (as an input broadcasts by position)."""
+    return set(dims) <= set(of) and sorted(dims, key=of.index) == list(dims)
 
 
 def operand_names(kernel: ir.Kernel) -> set[str]:
@@ -138,27 +117,13 @@ def product_fits(product: Product, output_dims: tuple[str, ...]) -> bool:
     )
 
 
-def _operand(node: ir.Expr, inputs: dict[str, ir.ArrayDecl]) -> tuple[Operand | None, Diagnostic | None]:
+def _operand(node: ir.Expr, inputs: dict[str, ir.ArrayDecl]) -> Operand | None:
+    """An input matrix read as an operand, optionally transposed; None for any other value."""
     transposed = isinstance(node, ir.Attribute) and node.attr == "T"
     target = node.value if transposed else node
     if not isinstance(target, ir.Name) or target.id not in inputs:
-        return None, Diagnostic(
-            node.position, "a matrix product operand is an input array, optionally transposed: x @ y, q @ k.T"
-        )
+        return None
     decl = inputs[target.id]
-    if decl.dtype not in DTYPES or len(set(decl.dims)) < len(decl.dims):
-        return None, None  # reported in checks: an unknown dtype, a dimension twice
-    return Operand(decl.name, transposed, decl.dims, DTYPES[decl.dtype]), None
-
-
-def _accumulator(kernel: ir.Kernel, operand_dtype: DType) -> tuple[DType, list[Diagnostic]]:
-    default = F32 if operand_dtype.is_float else I32
-    if not kernel.accumulates or kernel.accumulates[0].dtype not in DTYPES:
-        return default, []
-    chosen = kernel.accumulates[0]
-    if chosen.dtype != default.name:
-        kind = "float" if operand_dtype.is_float else "integer"
-        return default, [
-            Diagnostic(chosen.position, f"{kind} operands accumulate in {default.name} on TPU, not {chosen.dtype}")
-        ]
-    return DTYPES[chosen.dtype], []
+    if decl.dtype not in DTYPES or len(decl.dims) < 2:
+        return None
+    return Operand(decl.name, transposed, decl.dims, DTYPES[decl.dtype])

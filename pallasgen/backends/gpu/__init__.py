@@ -19,7 +19,8 @@ class GpuBackend(Backend):
     template = "gpu.py.j2"
 
     def check(self, kernel, space, product, blocks, earlier, checked=None):
-        settings, problems = check_gpu(kernel, space, product, blocks, earlier)
+        batch = checked.batch if checked is not None else ()
+        settings, problems = check_gpu(kernel, space, product, blocks, earlier, batch)
         if checked is None or not checked.framed:
             return settings, problems
         given = {item.dim: item.size for item in kernel.gpu_blocks}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import MAX_BLOCK, block_items, reserved_param_problems
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.analysis.product import Product, batch_dims
+from pallasgen.analysis.product import Product
 from pallasgen.analysis.space import IterationSpace
 from pallasgen.backends.gpu.options import (
     GPU_FUNCTION_LOCALS,
@@ -33,10 +33,11 @@ def check_gpu(
     product: Product | None,
     tpu_blocks: dict[str, int],
     earlier: list[Diagnostic],
+    batch: tuple[str, ...] = (),
 ) -> tuple[GpuSettings, list[Diagnostic]]:
-    """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known;
-    defaults complete them once the kernel has no `earlier` errors."""
-    batch = set(batch_dims(product)) if product is not None and kernel.outputs else set()
+    """`gpu block` sizes are powers of two (Triton's rule), of 1 for a product's `batch`
+    dimensions, and `gpu` options are known; defaults complete them once the kernel has
+    no `earlier` errors."""
 
     def gpu_size_problem(item: ir.BlockSize) -> str | None:
         if isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:

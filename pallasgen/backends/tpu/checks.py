@@ -3,7 +3,7 @@ step, and blocks that fit in VMEM."""
 
 from __future__ import annotations
 
-from pallasgen.analysis.fused import FusedKernel
+from pallasgen.analysis.fused import FusedKernel, batch_block_problem
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.backends.tpu.tiling import kernel_vmem, tile_layouts, tiling_problem, vmem_problem
 from pallasgen.frontend import ir
@@ -42,7 +42,7 @@ def _batch_block_problems(kernel: ir.Kernel, frame: FusedKernel, blocks: dict[st
             found.append(
                 Diagnostic(
                     item.position if item else positions[dim],
-                    f"batch dimension {dim} of a matrix product is blocked by 1: write block {dim} = 1",
+                    batch_block_problem(dim),
                 )
             )
     return found
