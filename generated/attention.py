@@ -103,9 +103,10 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B. The limit is 64 MiB whatever the
-    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 133.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse
+    # 512 B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B + working tile 2 x 64.0 KiB +
+    # working tile 512 B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and
+    # the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -333,7 +334,7 @@ def _attention_vjp(q, k, v, o, lse, do, dlse, *, scale, gpu_backend, interpret):
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t: (
             min(block_s, 256) * block_t,
-            12 * block_s * d + 8 * block_t * d + 16 * block_s,
+            16 * block_s * d + 8 * block_t * d + 16 * block_s + 8 * block_s * block_t,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -462,9 +463,10 @@ def _attention_backward_dq_tpu(q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t,
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the
-    # blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 198.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do
+    # 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B + working tile 3 x 64.0 KiB. The
+    # limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1)
+    # value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
@@ -707,7 +709,7 @@ def _attention_backward_dq_mosaic_gpu(q, k, v, o, do, lse, dlse, *, b, h, size_s
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t: (
             min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 24 * block_s,
+            20 * block_s * d + 8 * block_t * d + 24 * block_s + 12 * block_s * block_t,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -831,9 +833,10 @@ def _attention_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, size_s,
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
-    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 262.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse
+    # 512 B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B + working tile 4 x 64.0 KiB. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads
+    # to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel, t=t, size_s=size_s, block_t=block_t, block_s=block_s, scale=scale
@@ -1075,7 +1078,7 @@ def _attention_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, 
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, t, d, size_s, block_t, block_s: (
             min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s + 16 * block_t * block_s,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -1184,9 +1187,10 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the blocks: their
-    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 198.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do
+    # 256 B + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B + working tile 3 x 64.0 KiB + working tile 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows,
+    # 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_dq_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -1413,7 +1417,7 @@ def _attention_dq_vjp(*saved_and_cotangents):
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t: (
             min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+            24 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -1535,9 +1539,10 @@ def _attention_dkdv_tpu(q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, bloc
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
-    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 262.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse
+    # 512 B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B + working tile 4 x 64.0 KiB + working tile
+    # 512 B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(_attention_dkdv_kernel, t=t, s=s, block_t=block_t, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
@@ -1770,7 +1775,7 @@ def _attention_dkdv_vjp(*saved_and_cotangents):
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, t, d, s, block_t, block_s: (
             min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+            8 * block_s * d + 28 * block_t * d + 16 * block_s + 16 * block_t * block_s,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -1853,9 +1858,9 @@ def _attention_full_kernel(
 
 
 def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, residuals, interpret):
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B. lse: only when the residuals are
-    # written.
+    # VMEM at the default blocks (D counted as 1): 133.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse
+    # 512 B) + running max 512 B + f32 accumulator 512 B + running sum of exp 512 B + working tile 2 x 64.0 KiB +
+    # working tile 512 B. lse: only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -1882,7 +1887,13 @@ def _attention_full_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale,
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)),
+            rt.vmem_limit(
+                16 * block_s * d
+                + 8 * block_t * d
+                + 8 * block_s
+                + 8 * block_s * block_t
+                + (8 * block_s if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * h * size_s * t * d,
@@ -2071,7 +2082,11 @@ def _attention_full_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, interpret):
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
             block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+            16 * block_s * d
+            + 8 * block_t * d
+            + 8 * block_s
+            + 8 * block_s * block_t
+            + (8 * block_s if residuals else 0),
         ),
         bounds=(1024, 1024),
     ),
@@ -2133,8 +2148,8 @@ def _attention_full_backward_dq_kernel(
 
 
 def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B.
+    # VMEM at the default blocks (D counted as 1): 197.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do
+    # 256 B + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B + working tile 3 x 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps along B, H, S are
@@ -2158,7 +2173,7 @@ def _attention_full_backward_dq_tpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, 
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
+            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * h * size_s * t * d,
@@ -2335,7 +2350,7 @@ def _attention_full_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s,
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t: (
             block_s * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t,
         ),
         bounds=(1024, 1024),
     ),
@@ -2400,8 +2415,8 @@ def _attention_full_backward_dkdv_kernel(
 def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B.
+    # VMEM at the default blocks (D counted as 1): 262.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse
+    # 512 B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B + working tile 4 x 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale),
         # One step per element of B, element of H, block of T, block of S (D taken whole). Steps along B, H, T are
@@ -2424,7 +2439,7 @@ def _attention_full_backward_dkdv_tpu(
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s),
+            rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s + 16 * block_t * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * h * t * size_s * d,
@@ -2608,7 +2623,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, t, d, size_s, block_t, block_s: (
             block_t * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s + 16 * block_t * block_s,
         ),
         bounds=(1024, 1024),
     ),
@@ -2715,10 +2730,10 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse 512
-    # B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B. lse: only when the residuals are
-    # written. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
-    # (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 132.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + lse
+    # 512 B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B + working tile 2 x 64.0 KiB. lse:
+    # only when the residuals are written. The limit is 64 MiB whatever the blocks: their count leaves out a strip's
+    # working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel, size_s=size_s, t=t, block_s=block_s, block_t=block_t, scale=scale
@@ -2972,7 +2987,11 @@ def _attention_bottom_right_vjp(q, k, v, o, lse, do, *, scale, gpu_backend, inte
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t, residuals: (
             min(block_s, 256) * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+            12 * block_s * d
+            + 8 * block_t * d
+            + 8 * block_s
+            + 8 * block_s * block_t
+            + (8 * block_s if residuals else 0),
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -3082,9 +3101,9 @@ def _attention_bottom_right_backward_dq_tpu(
     def t_block(i, j):
         return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B. The limit is 64 MiB whatever the blocks: their
-    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 197.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + o 256 B + do
+    # 256 B + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B + working tile 3 x 64.0 KiB. The limit is 64
+    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_kernel,
@@ -3330,7 +3349,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h,
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, size_s, d, t, block_s, block_t: (
             min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -3457,9 +3476,10 @@ def _attention_bottom_right_backward_dkdv_tpu(
     def s_block(i, j):
         return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
 
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse 512
-    # B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B. The limit is 64 MiB whatever the blocks: their
-    # count leaves out a strip's working values and the lanes a (rows, 1) value pads to.
+    # VMEM at the default blocks (D counted as 1): 262.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B + do 256 B + lse
+    # 512 B + delta 512 B + dk 256 B + dv 256 B) + f32 accumulator 2 x 512 B + working tile 4 x 64.0 KiB. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1) value pads
+    # to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
@@ -3713,7 +3733,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *,
         chips={None: {"default": (128, 128)}},
         step=lambda b, h, t, d, size_s, block_t, block_s: (
             min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s + 16 * block_t * block_s,
         ),
         bounds=(4096, 4096),
         strips=True,
@@ -3791,9 +3811,9 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, a
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, interpret):
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse 512
-    # B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B. lse: only when the residuals are
-    # written.
+    # VMEM at the default blocks (D counted as 1): 261.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + lse
+    # 512 B) + running max 512 B + running sum of exp 512 B + f32 accumulator 512 B + working tile 2 x 128.0 KiB. lse:
+    # only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_gqa_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -3822,7 +3842,13 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, residuals, int
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0)),
+            rt.vmem_limit(
+                12 * block_s * d
+                + 8 * block_t * d
+                + 8 * block_s
+                + 8 * block_s * block_t
+                + (8 * block_s if residuals else 0)
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * b * g * r * size_s * t * d,
@@ -4021,7 +4047,11 @@ def _gqa_vjp(q, k, v, o, lse, do, *, gpu_backend, interpret):
         chips={None: {"default": (128, 256)}},
         step=lambda b, g, r, size_s, d, t, block_s, block_t, residuals: (
             block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s + (8 * block_s if residuals else 0),
+            12 * block_s * d
+            + 8 * block_t * d
+            + 8 * block_s
+            + 8 * block_s * block_t
+            + (8 * block_s if residuals else 0),
         ),
         bounds=(1024, 1024),
     ),
@@ -4077,8 +4107,8 @@ def _gqa_backward_dq_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref,
 
 
 def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do 256 B
-    # + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B.
+    # VMEM at the default blocks (D counted as 1): 390.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + o 256 B + do
+    # 256 B + lse 512 B + dq 256 B + delta 512 B) + f32 accumulator 512 B + working tile 3 x 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken whole). Steps along B,
@@ -4106,7 +4136,7 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s,
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
+            rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * b * g * r * size_s * t * d,
@@ -4280,7 +4310,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
         chips={None: {"default": (128, 256)}},
         step=lambda b, g, r, size_s, d, t, block_s, block_t: (
             block_s * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s + 12 * block_s * block_t,
         ),
         bounds=(1024, 1024),
     ),
@@ -4344,8 +4374,8 @@ def _gqa_backward_dkdv_kernel(
 
 
 def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret):
-    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse 512
-    # B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + f32 accumulator 2 x 1.0 KiB.
+    # VMEM at the default blocks (D counted as 1): 523.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B + do 256 B + lse
+    # 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + f32 accumulator 2 x 1.0 KiB + working tile 4 x 128.0 KiB.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
         # One step per element of B, element of G, element of R, block of T, block of S (D taken whole). Steps along B,
@@ -4369,7 +4399,7 @@ def _gqa_backward_dkdv_tpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, bl
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s),
+            rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s + 16 * block_t * block_s),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * b * g * r * t * size_s * d,
@@ -4554,7 +4584,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
         chips={None: {"default": (256, 128)}},
         step=lambda b, g, r, t, d, size_s, block_t, block_s: (
             block_t * block_s,
-            8 * block_s * d + 32 * block_t * d + 16 * block_s,
+            8 * block_s * d + 32 * block_t * d + 16 * block_s + 16 * block_t * block_s,
         ),
         bounds=(1024, 1024),
     ),
@@ -4592,7 +4622,7 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
-    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
+    # VMEM at the default blocks (R, D counted as 1): 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0 KiB + dk 512 B + dv
     # 512 B) + sum's 32-bit copy of a block 2 x 1.0 KiB.
     return pl.pallas_call(
         _gqa_backward_over_r_kernel,
@@ -4759,8 +4789,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
-    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + f32
-    # accumulator 512 B.
+    # VMEM at the default blocks (N counted as 1): 260.0 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y 512 B) + f32
+    # accumulator 512 B + working tile 512 B.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent (parallel); steps along K
@@ -4774,7 +4804,7 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=rt.tpu_params(
-            ("parallel", "arbitrary"), rt.vmem_limit(4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n)
+            ("parallel", "arbitrary"), rt.vmem_limit(4 * block_m * block_k + 4 * block_k * n + 16 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 4 * m * n
@@ -4981,7 +5011,7 @@ def _matmul_softmax_vjp(x, w, y, dy, *, gpu_backend, interpret):
         chips={None: {"default": (128, 512)}},
         step=lambda m, n, k, block_m, block_k: (
             block_m * block_k,
-            4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
+            4 * block_m * block_k + 4 * block_k * n + 16 * block_m * n,
         ),
         bounds=(1024, 1024),
     ),
@@ -5011,8 +5041,8 @@ def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's 32-bit
-    # copy of a block 512 B.
+    # VMEM at the default blocks (N counted as 1): 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256 B) + sum's
+    # 32-bit copy of a block 512 B.
     return pl.pallas_call(
         _matmul_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -5150,8 +5180,8 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_n_ref, *, n, 
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0 KiB) + f32 accumulator
-    # 256.0 KiB + f32 product step 256.0 KiB.
+    # VMEM at the default blocks: 1.8 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0 KiB) + f32 accumulator
+    # 256.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -5166,7 +5196,7 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + 2 * m * k
@@ -5311,8 +5341,8 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_m_ref, *, m, 
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0 KiB) + f32 accumulator
-    # 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 2.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0 KiB) + f32 accumulator
+    # 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -5327,7 +5357,7 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + 2 * k * n
@@ -5461,7 +5491,8 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
-    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB).
+    # VMEM at the default blocks (K counted as 1): 516.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB + y 256.0 KiB) +
+    # working tile 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, k=k),
         # One step per block of M, block of N (K taken whole); steps are independent, so every axis is parallel.
@@ -5474,7 +5505,7 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=rt.tpu_params(
-            ("parallel", "parallel"), rt.vmem_limit(4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n)
+            ("parallel", "parallel"), rt.vmem_limit(8 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n)
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + 2 * m * n
@@ -5725,8 +5756,8 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
-    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB) +
-    # mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
+    # VMEM at the default blocks (K counted as 1): 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B + mean_k 1.0 KiB)
+    # + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -5883,8 +5914,8 @@ def rmsnorm_matmul_lhs(x, g):
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
-    # 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 2.5 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0 KiB) + f32 accumulator
+    # 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -5899,7 +5930,7 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -5975,8 +6006,8 @@ def rmsnorm_matmul_backward_lhs(dy, w):
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
-    # 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0 KiB) + f32 accumulator
+    # 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -5991,7 +6022,7 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_m * block_n + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + 2 * k * n
@@ -6078,8 +6109,8 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
-    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B +
-    # dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + 7 lets x 1.0 KiB.
+    # VMEM at the default blocks (K counted as 1): 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0 KiB + dlhs 512 B
+    # + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + 7 lets x 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -6277,8 +6308,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(x_ref, mean_k_ref, dlhs_ref, dg_r
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
-    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4 B)
-    # + sum's 32-bit copy of a block 1.0 KiB + 5 lets x 1.0 KiB.
+    # VMEM at the default blocks (K counted as 1): 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB + dlhs 512 B + dg 4
+    # B) + sum's 32-bit copy of a block 1.0 KiB + 5 lets x 1.0 KiB.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).

@@ -45,8 +45,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
-    # f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -61,7 +60,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n),
+            rt.vmem_limit(8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -204,8 +203,8 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, block_n):
 
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0 MiB
-    # + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32 accumulator 2.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -220,7 +219,7 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k),
+            rt.vmem_limit(8 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 4 * m * k
@@ -350,8 +349,8 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_m_ref, *, m, block_m):
 
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32 accumulator 4.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -366,7 +365,7 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n),
+            rt.vmem_limit(8 * block_m * block_k + 8 * block_m * block_n + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + 4 * k * n
@@ -502,8 +501,8 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, acc_k_ref, *, k, block_k):
 
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
-    # accumulator 512.0 KiB + f32 product step 512.0 KiB. acc: only when the residuals are written.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc 512.0 KiB) + f32
+    # accumulator 512.0 KiB. acc: only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -528,7 +527,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, residuals, int
                 8 * block_m * block_k
                 + 8 * block_k * block_n
                 + 16 * block_m * block_n
-                + (8 * block_m * block_n if residuals else 0)
+                + (4 * block_m * block_n if residuals else 0)
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -703,8 +702,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) + f32
-    # accumulator 512.0 KiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB + dx 512.0 KiB) + f32
+    # accumulator 512.0 KiB + working tile 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -719,7 +718,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
+            rt.vmem_limit(20 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + 4 * m * k
@@ -921,8 +920,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) + f32
-    # accumulator 1.0 MiB.
+    # VMEM at the default blocks: 6.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB + dy 1.0 MiB) + f32
+    # accumulator 1.0 MiB + working tile 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent (parallel); steps along M
@@ -937,7 +936,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
+            rt.vmem_limit(20 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + 4 * k * n
@@ -1090,8 +1089,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_k_ref, 
 
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, residuals, interpret):
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
-    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. acc: only when the residuals are written.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB + acc 2.0
+    # MiB) + f32 accumulator 2.0 MiB. acc: only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -1118,7 +1117,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, res
                 + 4 * block_k * block_n
                 + 8 * block_n
                 + 12 * block_m * block_n
-                + (8 * block_m * block_n if residuals else 0)
+                + (4 * block_m * block_n if residuals else 0)
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1314,8 +1313,8 @@ def _matmul_bias_gelu_backward_x_kernel(acc_ref, bias_ref, dz_ref, y_ref, dx_ref
 
 
 def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + y 2.0 MiB + dx 1.0
+    # MiB) + f32 accumulator 2.0 MiB + working tile 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -1332,7 +1331,7 @@ def _matmul_bias_gelu_backward_x_tpu(acc, bias, dz, y, *, m, k, n, block_m, bloc
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
+            rt.vmem_limit(16 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=m * n, bytes_accessed=rt.nbytes(acc, bias, dz, y) + 2 * m * k
@@ -1577,8 +1576,8 @@ def _matmul_bias_gelu_backward_y_kernel(
 
 
 def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
-    # MiB + dbias 4.0 KiB) + f32 accumulator 4.0 MiB + running sum 4.0 KiB.
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB + x 1.0 MiB + dy 2.0
+    # MiB + dbias 4.0 KiB) + f32 accumulator 4.0 MiB + running sum 4.0 KiB + working tile 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N are independent (parallel); steps along K, M
@@ -1604,7 +1603,7 @@ def _matmul_bias_gelu_backward_y_tpu(acc, bias, dz, x, *, k, n, m, block_k, bloc
         ],
         compiler_params=rt.tpu_params(
             ("parallel", "arbitrary", "arbitrary"),
-            rt.vmem_limit(12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
+            rt.vmem_limit(16 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m, transcendentals=n * m, bytes_accessed=rt.nbytes(acc, bias, dz, x) + 2 * k * n + 4 * n
@@ -1876,8 +1875,7 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
-    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB
-    # + i32 product step 2.0 MiB.
+    # VMEM at the default blocks: 9.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32 accumulator 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -1892,7 +1890,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],  # acc_k_ref: the product over K
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n),
+            rt.vmem_limit(2 * block_m * block_k + 2 * block_k * block_n + 12 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * m * n
@@ -2027,8 +2025,7 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_k_ref, *, k, block_k):
 
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB +
-    # f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32 accumulator 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are independent (parallel);
@@ -2043,7 +2040,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 16 * block_m * block_n),
+            rt.vmem_limit(4 * block_m * block_k + 4 * block_k * block_n + 12 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + 4 * b * m * n
@@ -2191,8 +2188,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + f32 accumulator 2.0
-    # MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) + f32 accumulator 2.0 MiB
+    # + working tile 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are independent (parallel);
@@ -2207,7 +2204,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
+            rt.vmem_limit(12 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + 2 * b * m * k
@@ -2407,8 +2404,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + f32 accumulator 4.0
-    # MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) + f32 accumulator 4.0 MiB
+    # + working tile 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are independent (parallel);
@@ -2423,7 +2420,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
+            rt.vmem_limit(12 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(dz, x) + 2 * b * k * n
@@ -2592,7 +2589,8 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
 
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB).
+    # VMEM at the default blocks (D counted as 1): 193.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0 KiB) + working
+    # tile 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are independent, so every axis is
@@ -2606,7 +2604,7 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
         out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel"),
-            rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
+            rt.vmem_limit(4 * block_s * d + 4 * block_t * d + 12 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d, transcendentals=0, bytes_accessed=rt.nbytes(q, k) + 4 * b * size_s * t
@@ -2848,8 +2846,8 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_t_ref, *, t, block_t)
 
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
-    # 64.0 KiB + f32 product step 64.0 KiB.
+    # VMEM at the default blocks: 256.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB) + f32 accumulator
+    # 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
         # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are independent (parallel);
@@ -2864,7 +2862,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 12 * block_s * block_d),
+            rt.vmem_limit(4 * block_s * block_t + 4 * block_t * block_d + 8 * block_s * block_d),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * d * t, transcendentals=0, bytes_accessed=rt.nbytes(dacc, k) + 2 * b * s * d
@@ -3001,8 +2999,8 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_s_ref, *, s, block_s)
 
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
-    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
-    # 64.0 KiB + f32 product step 64.0 KiB.
+    # VMEM at the default blocks: 256.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB) + f32 accumulator
+    # 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
         # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are independent (parallel);
@@ -3018,7 +3016,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],  # acc_s_ref: the product over S
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 12 * block_t * block_d),
+            rt.vmem_limit(4 * block_s * block_t + 4 * block_s * block_d + 8 * block_t * block_d),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * t * d * s, transcendentals=0, bytes_accessed=rt.nbytes(dacc, q) + 2 * b * t * d
@@ -3156,7 +3154,7 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_k_ref, *, k, block_k):
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # accumulator 4.0 MiB + working tile 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent (parallel); steps along K
@@ -3449,8 +3447,8 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_n_ref, *, n, block_n):
 
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32 accumulator 4.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent (parallel); steps along N
@@ -3465,7 +3463,7 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],  # acc_n_ref: the product over N
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_n * block_k + 8 * block_m * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
@@ -3595,8 +3593,8 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_m_ref, *, m, block_m):
 
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0 MiB
-    # + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32 accumulator 4.0
+    # MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent (parallel); steps along M
@@ -3611,7 +3609,7 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],  # acc_m_ref: the product over M
         compiler_params=rt.tpu_params(
             ("parallel", "parallel", "arbitrary"),
-            rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k),
+            rt.vmem_limit(4 * block_m * block_n + 4 * block_m * block_k + 8 * block_n * block_k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + 2 * n * k

@@ -42,8 +42,8 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref,
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, residuals, interpret):
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd 64
-    # B + mean_n 64 B) + mean's 32-bit copy of a block 2 x 64 B + 2 lets x 64 B. mean_n: only when the residuals are
+    # VMEM at the default blocks (N counted as 1): 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B + mu 64 B + rstd
+    # 64 B + mean_n 64 B) + mean's 32-bit copy of a block 2 x 64 B + 2 lets x 64 B. mean_n: only when the residuals are
     # written.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
@@ -293,8 +293,8 @@ def _layer_norm_backward_kernel(
 
 
 def _layer_norm_backward_tpu(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n 64
-    # B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 2 x 64 B + 10 lets x 64 B.
+    # VMEM at the default blocks (N counted as 1): 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B + rstd 64 B + mean_n
+    # 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a block 2 x 64 B + 10 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -575,8 +575,8 @@ def _layer_norm_backward_over_m_kernel(
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B +
-    # db 4 B) + sum's 32-bit copy of a block 2 x 64 B + 4 lets x 64 B.
+    # VMEM at the default blocks (N counted as 1): 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B + dy 32 B + dw 4 B
+    # + db 4 B) + sum's 32-bit copy of a block 2 x 64 B + 4 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -749,7 +749,7 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, residuals, interpret):
-    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
+    # VMEM at the default blocks (N counted as 1): 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B + mean_n 64 B) + mean's
     # 32-bit copy of a block 64 B + let h 64 B. mean_n: only when the residuals are written.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, n=n, eps=eps),
@@ -940,8 +940,8 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
-    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32 B) +
-    # sum's 32-bit copy of a block 64 B + 7 lets x 64 B.
+    # VMEM at the default blocks (N counted as 1): 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B + dy 32 B + dx 32
+    # B) + sum's 32-bit copy of a block 64 B + 7 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1140,7 +1140,7 @@ def _rms_norm_backward_over_m_kernel(x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_re
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
-    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
+    # VMEM at the default blocks (N counted as 1): 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B + dw 4 B) + sum's
     # 32-bit copy of a block 64 B + 5 lets x 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),

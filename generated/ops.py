@@ -343,8 +343,8 @@ def _argmax_f32_kernel(x_ref, i_ref):
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B.
+    # VMEM at the default blocks (N counted as 1): 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a
+    # block 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -741,8 +741,8 @@ def mul_i32(x, y):
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B.
+    # VMEM at the default blocks (N counted as 1): 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a
+    # block 32 B.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1122,8 +1122,8 @@ def _argmax_i8_kernel(x_ref, i_ref):
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a block
-    # 128 B.
+    # VMEM at the default blocks (N counted as 1): 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's 32-bit copy of a
+    # block 128 B.
     return pl.pallas_call(
         _argmax_i8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.

@@ -33,8 +33,8 @@ def _argmax_rows_kernel(x_ref, i_ref):
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a block
-    # 32 B.
+    # VMEM at the default blocks (N counted as 1): 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's 32-bit copy of a
+    # block 32 B.
     return pl.pallas_call(
         _argmax_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -253,8 +253,8 @@ def _argmin_rows_kernel(x_ref, i_ref):
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a block
-    # 32 B.
+    # VMEM at the default blocks (N counted as 1): 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's 32-bit copy of a
+    # block 32 B.
     return pl.pallas_call(
         _argmin_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -602,7 +602,7 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref)
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, residuals, interpret):
-    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
+    # VMEM at the default blocks (N counted as 1): 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128 B + max_n 128 B +
     # argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a block 128 B + let s 128 B.
     # argmax_n, max_n: only when the residuals are written.
     return pl.pallas_call(
@@ -823,8 +823,8 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B + dscale
-    # 128 B + dx 128 B) + 3 lets x 128 B.
+    # VMEM at the default blocks (N counted as 1): 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B + argmax_n 128 B +
+    # dscale 128 B + dx 128 B) + 3 lets x 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.

@@ -41,7 +41,7 @@ def _softmax_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref):
 
 
 def _softmax_tpu(x, *, m, n, block_m, residuals, interpret):
-    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
+    # VMEM at the default blocks (N counted as 1): 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B + argmax_n 32 B +
     # max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a
     # block 32 B + let e 32 B. argmax_n, max_n, sum_n: only when the residuals are written.
     return pl.pallas_call(
@@ -265,8 +265,8 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B +
-    # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 2 x 32 B + 3 lets x 32 B.
+    # VMEM at the default blocks (N counted as 1): 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n 32 B + max_n 32 B
+    # + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 2 x 32 B + 3 lets x 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -477,8 +477,8 @@ def _log_softmax_kernel(x_ref, y_ref, logsumexp_n_ref):
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, residuals, interpret):
-    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B. logsumexp_n: only when the residuals are written.
+    # VMEM at the default blocks (N counted as 1): 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n 32 B) +
+    # logsumexp's 32-bit copy of a block 32 B. logsumexp_n: only when the residuals are written.
     return pl.pallas_call(
         _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -648,7 +648,7 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
-    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
+    # VMEM at the default blocks (N counted as 1): 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy 32 B + dx 32 B) +
     # sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         _log_softmax_backward_kernel,

@@ -555,7 +555,7 @@ def test_a_backward_kernels_recomputed_values_count_in_its_vmem():
 
     _, bias_gelu, _ = check_source(open_spec("activations"), "activations.pallas")
     backward = bias_gelu.gradient.kernels[0].checked
-    needed = vmem(backward.kernel, backward.blocks, None)
+    needed = vmem(backward.kernel, backward.blocks)
     lets = [p.what for p in needed.parts if p.what.startswith("let ")]
     assert len(lets) == sum(isinstance(s, ir.Let) for s in backward.kernel.body) >= 3
     assert needed.total(backward.blocks) > 16 * 2**20

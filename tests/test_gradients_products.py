@@ -296,19 +296,20 @@ def test_a_product_kernels_blocks_are_the_forwards_by_dimension_name():
     assert dx.product.k == "N" and dy.product.k == "M"
 
 
-def test_a_let_holding_a_product_counts_as_a_block_of_its_dimensions_in_vmem():
-    """`let pre = x @ w.T + bias` is an [M, N] value: the VMEM estimate counts it as a
-    32-bit [M, N] block, not [M, N, K] (2048 MiB at these blocks) nor [M] (w.T unread)."""
-    from pallasgen.backends.tpu.tiling import vmem
+def test_a_let_holding_a_product_counts_as_a_working_tile_of_its_dimensions_in_vmem():
+    """`let pre = x @ w.T + bias` is an [M, N] value that the epilogue reads: the VMEM
+    count holds it as a 32-bit [M, N] tile, not [M, N, K] (2048 MiB at these blocks)
+    nor [M] (w.T unread)."""
+    from pallasgen.backends.tpu.tiling import kernel_vmem
 
     source = (
         "kernel mlp {\n    in  x: bf16[M, K]\n    in  w: bf16[N, K]\n    in  bias: f32[N]\n    out z: bf16[M, N]\n"
         "    let pre = x @ w.T + bias\n    z = gelu(pre)\n    block M = 512, N = 1024, K = 1024\n}\n"
     )
     (mlp,) = check_source(source, "mlp.pallas")
-    needed = vmem(mlp.kernel, mlp.blocks, mlp.product)
-    (let,) = [p for p in needed.parts if p.what == "let pre"]
-    assert let.dims == ("M", "N")
+    needed = kernel_vmem(mlp, mlp.blocks)
+    (tile,) = [p for p in needed.parts if p.what == "working tile"]
+    assert tile.dims == ("M", "N")
     assert needed.total(mlp.blocks) < 16 * 2**20
 
 

@@ -44,10 +44,10 @@ def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
             tpu = kernel_plan.backends["tpu"]
             names = {b.keyword: b.default for b in tpu.blocks}
             whole = {name: 1 for name in compile(tpu.vmem_needed, "<vmem>", "eval").co_names if name not in names}
-            if checked.framed:  # its running values too: the plan's parts
+            if checked.has_products:  # its carries and working tiles too: the plan's parts
                 expected = tpu.vmem.total(checked.blocks)
             else:
-                expected = vmem_bytes(checked.kernel, checked.blocks, checked.product)
+                expected = vmem_bytes(checked.kernel, checked.blocks)
             assert eval(tpu.vmem_needed, {}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)
 
 

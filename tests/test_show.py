@@ -243,22 +243,21 @@ def test_vmem_figures_are_those_of_pallasgen_tiling(name):
         assert int(shown.get("data-bytes")) == expected
         assert shown.text == f"{format_bytes(expected)} a block, {format_bytes(2 * expected)} double-buffered"
     (line,) = [t for t in root.iter(f"{SVG}text") if "vmem" in t.get("class", "").split()]
-    if checked.framed:  # a fused kernel's running values: see the test that parts add up
+    if checked.has_products:  # its carries and working tiles: see the test that parts add up
         arrays_bytes = sum(DTYPES[d.dtype].bytes * prod(exact[x] for x in d.dims) for d in decls(checked))
         assert int(line.get("data-bytes")) >= 2 * arrays_bytes
         return
-    accumulating = checked.product if checked.product and checked.product.k in checked.blocks else None
-    total = vmem_bytes(checked.kernel, exact, accumulating)
+    total = vmem_bytes(checked.kernel, exact)
     assert int(line.get("data-bytes")) == total
     assert line.text.startswith(f"VMEM {format_bytes(total)} of the 100.0 MiB a launcher may ask of a TPU v5e or v6e")
 
 
-def test_matmul_bias_gelu_vmem_line_lists_each_block_and_the_accumulator():
+def test_matmul_bias_gelu_vmem_line_lists_each_block_the_accumulator_and_the_epilogues_tile():
     lines = texts(picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560}))
     assert "VMEM 12.0 MiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
     assert (
         "2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB"
-        " + f32 product step 2.0 MiB"
+        " + working tile 2.0 MiB"
     ) in lines
 
 

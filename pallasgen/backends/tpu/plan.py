@@ -247,7 +247,7 @@ def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "", re
     the launcher writes them); then the `limit` the launcher asks for where it is not the
     call's blocks' (`rt.vmem_limit`, which the code says)."""
     whole = [d for d in dims if d not in blocks]
-    per = f" per unit of {' x '.join(whole)}" if whole else ""
+    per = f" ({', '.join(whole)} counted as 1)" if whole else ""
     said = f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}."
     if residuals:
         said += f" {', '.join(sorted(residuals))}: only when the residuals are written."

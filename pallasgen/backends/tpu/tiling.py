@@ -12,7 +12,6 @@ from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
 from pallasgen.lowering.fused import carried_parts, carried_tile
 from pallasgen.lowering.reductions import merges
-from pallasgen.analysis.product import Product
 from pallasgen.analysis.fused import FusedKernel, array_axes
 
 from pallasgen.runtime.constants import (  # noqa: F401
@@ -191,15 +190,16 @@ class Vmem:
 
 def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None) -> Vmem:
     """What a step of a checked kernel holds in VMEM at `blocks` (`kernel`: the checked
-    one, or it without its residuals). A kernel of at most one product of two inputs:
-    its arrays' double-buffered blocks and working copies (`vmem`); a framed one: its
-    arrays' blocks, as its tiles hold them, and the running values it carries across its
-    swept dimension, its working tiles left to the compiler (counted as `vmem` counts them,
-    matmul_bias_gelu_backward_x at its tuned v5e blocks would need 105 MiB: it compiled
-    within the 100 MiB its launcher asks)."""
+    one, or it without its residuals). A kernel with products: its arrays' blocks as its
+    tiles hold them, double-buffered, what it carries across its swept dimension, and
+    its products' working tiles. Measured on v5e (libtpu's scoped allocation,
+    benchmarks/RESULTS_TPU_ESTIMATES.md): a dot's result is not held apart from its
+    accumulator (matmul at 512 x 1024 x 1024 needs the 18 MiB counted); a computed
+    operand or an epilogue is (matmul_relu_backward_x needs 24.1 MiB, its arrays and
+    accumulator 22). A kernel without products: `vmem`."""
     kernel = kernel or checked.kernel
-    if not checked.framed:
-        return vmem(kernel, blocks, checked.product)
+    if not checked.has_products:
+        return vmem(kernel, blocks)
     frame, sweep = checked.frame, checked.sweep
     parts = [
         VmemPart(
@@ -219,37 +219,48 @@ def kernel_vmem(checked, blocks: dict[str, int], kernel: ir.Kernel | None = None
             )
             dims = carried_tile(carry, frame, sweep.dim, blockwise)
             parts.append(VmemPart(what, None, len(carried_parts(carry)), 4, dims))
+    parts += [VmemPart("working tile", None, 1, 4, dims) for dims in _working_tiles(kernel, frame).values()]
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
-def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
-    """Double-buffered inputs and outputs, the accumulator of a product whose contracted
-    dimension is in `blocked` and the product of one step (the dot's result, which Mosaic
-    holds before adding it: blocks of exactly 16 MiB without it failed), and each reduction's 32-bit working copy of a block (f32 or
-    i32), with as many running values again where they are block-shaped; and each let,
-    as a 32-bit block of its dimensions: Mosaic keeps a value that several expressions
-    read (a backward kernel's recomputed values and cotangents: bias_gelu's needed 30.5
-    MiB of scoped VMEM at 1024 x 1024 blocks on v5e, its blocks 12 MiB)."""
+def _working_tiles(kernel: ir.Kernel, frame) -> dict[object, tuple[str, ...]]:
+    """The 32-bit tiles Mosaic holds around a kernel's products, by the value each holds:
+    an operand computed in the kernel, and a product's value that an epilogue reads
+    (stored as it is, it goes out from its accumulator)."""
+    inputs = {d.name for d in kernel.inputs}
+    stored = {s.value for s in kernel.body if isinstance(s, ir.Assign)}
+    found = {}
+    for node, product in frame.products.items():
+        values = [v for v in (product.lhs, product.rhs) if not (isinstance(v, ir.Name) and v.id in inputs)]
+        for value in values + ([node] if node not in stored else []):
+            key = value.id if isinstance(value, ir.Name) else value  # a let read twice is held once
+            found.setdefault(key, tuple(a for a in frame.frame[value] if a and a not in frame.batch))
+    return found
+
+
+def vmem(kernel: ir.Kernel, blocked) -> Vmem:
+    """A kernel without products: double-buffered inputs and outputs, and each
+    reduction's 32-bit working copy of a block (f32 or i32), with as many running values
+    again where they are block-shaped; and each let, as a 32-bit block of its
+    dimensions: Mosaic keeps a value that several expressions read (a backward kernel's
+    recomputed values and cotangents: bias_gelu's needed 30.5 MiB of scoped VMEM at
+    1024 x 1024 blocks on v5e, its blocks 12 MiB)."""
     parts = [
         VmemPart(decl.name, decl.name, 2, DTYPES[decl.dtype].bytes, decl.dims)
         for decl in kernel.inputs + kernel.outputs
     ]
-    if product is not None and product.k in blocked:
-        accumulator = product.accumulator
-        parts.append(VmemPart(f"{accumulator.name} accumulator", None, 1, accumulator.bytes, (product.m, product.n)))
-        parts.append(VmemPart(f"{accumulator.name} product step", None, 1, accumulator.bytes, (product.m, product.n)))
     dims = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
     reductions = [node.func for node in _reductions(kernel)]
     parts += [VmemPart(f"{func}'s 32-bit copy of a block", None, 1, 4, dims) for func in reductions]
-    parts += [VmemPart(f"let {name}", None, 1, 4, let_dims) for name, let_dims in _let_dims(kernel, product).items()]
+    parts += [VmemPart(f"let {name}", None, 1, 4, let_dims) for name, let_dims in _let_dims(kernel).items()]
     if any(accumulates_elementwise(kernel, d) for d in blocked):  # block-shaped running values too
         parts += [VmemPart(f"{func}'s running values", None, 1, 4, dims) for func in reductions]
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
-def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str, ...]]:
+def _let_dims(kernel: ir.Kernel) -> dict[str, tuple[str, ...]]:
     """Each let's dimensions, in the kernel's order: those of the arrays and lets it reads,
-    but those its reductions and its product remove."""
+    but those its reductions remove."""
     order = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
     known = {decl.name: set(decl.dims) for decl in kernel.inputs + kernel.outputs}
 
@@ -265,10 +276,7 @@ def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str
             if function.typing in ("index", "size"):
                 return set(named[:1]) - {None} if function.typing == "index" else set()
         children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
-        found = set().union(*map(dims_of, [*children, *getattr(node, "args", ())]))
-        if product is not None and node == product.node:
-            return found - {product.k}
-        return found
+        return set().union(*map(dims_of, [*children, *getattr(node, "args", ())]))
 
     found = {}
     for statement in kernel.body:
@@ -278,10 +286,9 @@ def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str
     return found
 
 
-def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> int:
-    """VMEM for double-buffered input and output blocks, plus the accumulator and the
-    reductions' working copies; dimensions taken whole count as 1 (unknown)."""
-    return vmem(kernel, blocks, product).total(blocks)
+def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int]) -> int:
+    """`vmem`'s total; dimensions taken whole count as 1 (unknown)."""
+    return vmem(kernel, blocks).total(blocks)
 
 
 def vmem_problem(needed: Vmem, blocks: dict[str, int]) -> str | None:
