@@ -155,7 +155,7 @@ class Estimator:
         if not mosaic_calls & kernel_ops.keys():
             raise RuntimeError(f"{name}: no Mosaic call among the compiled ops {sorted(kernel_ops)}")
         flops, moved = (0, 0) if grad else work(checked, sizes)
-        int8 = checked.product is not None and DTYPES[checked.kernel.inputs[0].dtype].bytes == 1
+        int8 = checked.has_products and DTYPES[checked.kernel.inputs[0].dtype].bytes == 1
         return Estimate(
             name,
             sizes,

@@ -18,6 +18,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.backends import backend_named, plan_backends
 from pallasgen.frontend.errors import did_you_mean
+from pallasgen.lowering.parts import contracted_inputs
 
 # A picture with more blocks than this along one dimension is no longer readable.
 MAX_BLOCKS = 24
@@ -122,15 +123,15 @@ def sizes_for(checked: CheckedKernel, given: dict[str, int], gpu: bool) -> dict[
 def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> KernelTiles:
     """Every array's blocks at `sizes`, on the TPU path or the GPU (Triton) path, as the
     backend's plan lays them out."""
-    kernel, product = checked.kernel, checked.product
+    kernel = checked.kernel
     backend = backend_named("gpu" if gpu else "tpu")
     # A plain call's plan: without the residuals its launchers write under jax.grad.
     plan = plan_backends(replace(checked, gradient=None))[backend.name]
     tiling = plan.tiling
     blocks = backend.blocks_at(plan, sizes) | {g.dim: 1 for g in tiling.grid if g.per_element}
     _check_drawable(tiling, sizes, blocks)
-    operands = {o.name for o in product.operands} if product else set()
-    transposed = {o.name for o in product.operands if o.transposed} if product else set()
+    contracted = contracted_inputs(checked)  # inputs read only as products' operands
+    operands, transposed = set(contracted), {name for name, t in contracted.items() if t}
     steps = {g.dim: -(-sizes[g.dim] // blocks[g.dim]) for g in tiling.grid}
     accumulated = next((g.dim for g in tiling.grid if g.semantics == "arbitrary"), None)
     chosen = _highlighted_step(tiling.grid, steps, checked.space.layout, accumulated)
@@ -194,8 +195,8 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         blocks={d: blocks[d] for d in checked.dims if d in blocks},
         grid=grid,
         arrays=tuple(array_tiles(a) for a in tiling.arrays),
-        contracted=product.k if product else None,
-        operands=tuple(o.name for o in product.operands) if product else (),
+        contracted=checked.product.k if checked.product else None,
+        operands=tuple(o.name for o in checked.product.operands) if checked.product else (),
         accumulated=accumulated,
         looped=tiling.looped,
         scratch=tuple(comment for comment, _ in accumulator.scratch) if accumulator else (),
