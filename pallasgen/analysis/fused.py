@@ -71,6 +71,7 @@ def analyze_fused(
     found = [
         Diagnostic(items[dim].position, batch_block_problem(dim)) for dim in batch if dim in blocks and blocks[dim] != 1
     ]
+    found += _batch_reduction_problems(kernel, batch)
     swept = [d for d in dims if d in blocks and d not in output_dims and d not in batch]
     for dim in swept[1:]:
         found.append(
@@ -92,6 +93,25 @@ def analyze_fused(
         return None, [problem.diagnostic]
     parallel = tuple(d for d in dims if d in blocks and d in output_dims and d not in batch)
     return FusedKernel(batch, row, parallel, frame, fused_products), []
+
+
+def _batch_reduction_problems(kernel: ir.Kernel, batch: tuple[str, ...]) -> list[Diagnostic]:
+    """A reduction or softmax over a product's batch dimension: each step holds one
+    element of it, and nothing is carried across the steps of a batch dimension."""
+    return [
+        Diagnostic(
+            node.args[1].position,
+            f"{node.func}() over {node.args[1].id}, a batch dimension of a product (one element per step), is not"
+            f" supported yet: give an output {node.args[1].id} and reduce it after the kernel",
+        )
+        for node in ir.walk(*(s.value for s in kernel.body))
+        if isinstance(node, ir.Call)
+        and node.func in FUNCTIONS
+        and FUNCTIONS[node.func].typing in ("reduce", "softmax")
+        and len(node.args) == 2
+        and isinstance(node.args[1], ir.Name)
+        and node.args[1].id in batch
+    ]
 
 
 def batch_block_problem(dim: str) -> str:
