@@ -7,6 +7,8 @@ interpret mode against NumPy.
   and abs (no i8/u8 add, multiply or negation, no narrow division or maximum);
 - division and remainder of every integer dtype, by zero too, as XLA computes them
   (u8 floor division in i32 would give 254 for x // 0: the TPU kernel truncates);
+- integer bit operations: `^` and shifts by a literal on i32, u8 and i16 (the TPU kernel
+  shifts narrow integers in i32, then wraps them to their dtype), and `^` of bools;
 - f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32), its `max` and
   `min` too, kept in f32 to the TPU kernel's f32 output;
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
@@ -111,6 +113,24 @@ kernel narrow_arithmetic {
     a = x * x + x // 3 - x % 5 + abs(x) - (-x) ** 2
     b = y * 3 - y // 7 + y % 11 + relu(y)
     c = z * z - z // (z % 7 + 8) + relu(-z)
+    block M = 32, N = 256
+}
+""",
+    "bit_ops": """
+kernel bit_ops {
+    in  x: i32[M, N]
+    in  w: u8[M, N]
+    in  h: i16[M, N]
+    out mixed: i32[M, N]
+    out lo, hi: i8[M, N]
+    out g: i16[M, N]
+    out odd: bool[M, N]
+    let a = x ^ ((x >> 16) & 65535)
+    mixed = a ^ a << 5                  # Python precedence: a ^ (a << 5)
+    lo = i8(w << 4) >> 4
+    hi = i8(w) >> 4
+    g = (h >> 3) ^ (h << 2)
+    odd = (x > 0) ^ (w > 127)
     block M = 32, N = 256
 }
 """,
@@ -291,6 +311,8 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         ]
     if name == "half":
         return [rng.standard_normal((m, n)).astype(np.float16), rng.standard_normal(n).astype(np.float32)]
+    if name == "bit_ops":  # every bit pattern of each dtype
+        return [rng.integers(i.min, i.max, (m, n), endpoint=True).astype(i.dtype) for i in map(np.iinfo, BIT_DTYPES)]
     if name == "division":  # divisors 0 to 3, a third of them 0
         info = [np.iinfo(dtype) for dtype in (np.int8, np.uint8, np.int16, np.int32)]
         return [rng.integers(i.min, i.max, (m, n), endpoint=True).astype(i.dtype) for i in info] + [
@@ -343,6 +365,17 @@ def expected(name: str, *arrays):
             np.maximum(z, np.minimum(z, 7)).astype(np.int16),
             ((x >= 1) & (y != 0) & (z < 9)),
         )
+    if name == "bit_ops":  # in int64, wrapped to each dtype as it shifts out of it
+        x, w, h = (a.astype(np.int64) for a in arrays)
+        a = x ^ ((x >> 16) & 65535)
+        nibble = lambda v: np.where(v >= 8, v - 16, v)  # noqa: E731
+        return (
+            wrap(a ^ (a << 5), np.int32),
+            nibble(w & 15).astype(np.int8),
+            nibble(w >> 4).astype(np.int8),
+            wrap((h >> 3) ^ (h << 2), np.int16),
+            (x > 0) ^ (w > 127),
+        )
     if name == "half":
         x, s = (a.astype(np.float64) for a in arrays)
         return (np.exp(x) * s).astype(np.float16), x + 1
@@ -388,6 +421,16 @@ def expected(name: str, *arrays):
         return (np.where(rows >= columns, product, -1e30 if name == "causal_scores" else 0.0),)
     x, y, bias, scale = (a.astype(np.float64) for a in arrays)
     return ((x @ y + bias) * scale[:, None],)
+
+
+BIT_DTYPES = (np.int32, np.uint8, np.int16)
+
+
+def wrap(values, dtype):
+    """int64 `values` as `dtype` wraps them: their low bits, as two's complement."""
+    bits = np.iinfo(dtype).bits
+    low = values & ((1 << bits) - 1)
+    return np.where(low >= 1 << (bits - 1), low - (1 << bits), low).astype(dtype)
 
 
 def compare(name, got, want):

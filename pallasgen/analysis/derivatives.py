@@ -204,7 +204,7 @@ OPERATOR_DERIVATIVES: dict[str, Rule | None] = {
     "//": none,
     "%": lambda b, args, result, g: (g, b.mul(b.neg(g), b.call("floor", b.op(args[0], "/", args[1])))),
     "**": _power,
-    **dict.fromkeys(("==", "!=", "<", "<=", ">", ">=", "&", "|"), none),
+    **dict.fromkeys(("==", "!=", "<", "<=", ">", ">=", "&", "|", "^", "<<", ">>"), none),
     "@": None,
 }
 

@@ -16,7 +16,8 @@ from pallasgen.analysis.space import declared_dims
 from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
 
 COMPARISON_OPS = frozenset({"==", "!=", "<", "<=", ">", ">="})
-LOGIC_OPS = frozenset({"&", "|"})
+LOGIC_OPS = frozenset({"&", "|", "^"})
+SHIFT_OPS = frozenset({"<<", ">>"})
 
 
 def infer_body(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
@@ -185,6 +186,8 @@ class _Inference:
                     )
                     return None
             return combine(left, right, dims)
+        if node.op in SHIFT_OPS:
+            return self._shift(node, left, right, dims)
         if left.dtype == BOOL and right.dtype == BOOL:
             self.found.append(
                 Diagnostic(node.op_position, f"arithmetic on bool values; cast them first, e.g. i32(...) {node.op} ...")
@@ -203,6 +206,27 @@ class _Inference:
         result = combine(left, right, dims)
         if node.op == "/" and result.dtype.is_integer:
             return ValueType(F32, dims, weak=result.weak)
+        return result
+
+    def _shift(self, node: ir.Binary, left: ValueType, right: ValueType, dims) -> ValueType | None:
+        """`x << n`, `x >> n` (arithmetic for signed x, logical for unsigned, as jnp): integers
+        shifted by a literal amount less than their width, which every backend computes alike."""
+        for side, t in ((node.left, left), (node.right, right)):
+            if not t.dtype.is_integer or t.dtype == BOOL:
+                self.found.append(Diagnostic(side.position, f"{node.op} needs integer operands, not {t.dtype.name}"))
+                return None
+        result = combine(left, right, dims)
+        amount = constant_value(node.right)
+        if not isinstance(amount, int) or not 0 <= amount < result.dtype.bits:
+            shown = "" if amount is None else f", not {amount}"
+            self.found.append(
+                Diagnostic(
+                    node.right.position,
+                    f"a shift amount is a literal from 0 to {result.dtype.bits - 1} ({result.dtype.name}'s width"
+                    f" less one){shown}",
+                )
+            )
+            return None
         return result
 
     def _matmul(self, node: ir.Binary) -> ValueType | None:
@@ -455,6 +479,9 @@ _PYTHON_OPS = {
     "//": lambda a, b: a // b,
     "%": lambda a, b: a % b,
     "**": lambda a, b: python_power(a, b),
+    "^": lambda a, b: a ^ b,
+    "<<": lambda a, b: python_shift(a, b),
+    ">>": lambda a, b: a >> b,
 }
 
 
@@ -463,6 +490,13 @@ def python_power(base, exponent):
     if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 64:
         raise OverflowError
     return base**exponent
+
+
+def python_shift(value, amount):
+    """Python's `<<`, refusing shifts too large to compute quickly."""
+    if amount > 64:
+        raise OverflowError
+    return value << amount
 
 
 def constant_value(node: ir.Expr) -> int | float | None:
@@ -484,7 +518,7 @@ def constant_value(node: ir.Expr) -> int | float | None:
             return None
         try:
             result = _PYTHON_OPS[node.op](left, right)
-        except (ZeroDivisionError, OverflowError):
+        except (ZeroDivisionError, OverflowError, TypeError, ValueError):  # 1.5 ^ 2, 1 << -1
             return None
         return result if isinstance(result, (int, float)) else None
     return None
@@ -501,6 +535,8 @@ def constant_problem(node: ir.Binary) -> str | None:
         return "division by zero"
     except OverflowError:
         return "this constant overflows"
+    except (TypeError, ValueError):  # reported by the operator's own checks
+        return None
     if isinstance(result, complex):
         return "this constant is a complex number"
     if isinstance(result, float) and result != result or abs(result) == float("inf"):

@@ -21,7 +21,7 @@ _WORDS = {
     "_NL": "a new line",
     "$END": "the end of the file",
 }
-_OPERATORS = {"COMPARE_OP", "PIPE", "AMPERSAND", "PLUS", "MINUS", "MUL_OP", "POW", "DOT"}
+_OPERATORS = {"COMPARE_OP", "PIPE", "CARET", "AMPERSAND", "SHIFT_OP", "PLUS", "MINUS", "MUL_OP", "POW", "DOT"}
 
 
 @cache

@@ -12,18 +12,21 @@ from pallasgen.analysis.infer import python_power
 from pallasgen.analysis.valuetypes import ValueType, combine
 
 # Python binding strength, loosest first.
-_COMPARE, _OR, _AND, _SUM, _PRODUCT, _UNARY, _POWER, _ATOM = range(8)
+_COMPARE, _OR, _XOR, _AND, _SHIFT, _SUM, _PRODUCT, _UNARY, _POWER, _ATOM = range(10)
 _BINARY_PRECEDENCE = {
     **dict.fromkeys(("==", "!=", "<", "<=", ">", ">="), _COMPARE),
     "|": _OR,
+    "^": _XOR,
     "&": _AND,
+    "<<": _SHIFT,
+    ">>": _SHIFT,
     "+": _SUM,
     "-": _SUM,
     **dict.fromkeys(("*", "/", "//", "%", "@"), _PRODUCT),
     "**": _POWER,
 }
 # Operators on narrow integers that the TPU kernel computes in i32.
-NARROW_ARITHMETIC = frozenset({"+", "-", "*", "//", "%", "**", "&", "|"})
+NARROW_ARITHMETIC = frozenset({"+", "-", "*", "//", "%", "**", "&", "|", "^", "<<", ">>"})
 
 
 def jnp_dtype(name: str) -> str:
@@ -423,6 +426,9 @@ _PYTHON_OPERATORS = {
     "**": python_power,
     "&": operator.and_,
     "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
     "==": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,
