@@ -459,6 +459,10 @@ REFUSALS = {
         "sum() over N of a value without M",
     ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
+    "output-broadcast-over-its-reduced-dimension": (  # its output pass had no input of M: an assertion failed
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = sum(x, M)",
+        "y is broadcast over M, which its value lacks",
+    ),
     # Two products (attention's form): the fused form, not kernels in turn.
     "fused-f32-products": (
         "in q: f32[S, D]\nin k, v: f32[T, D]\nout o: f32[S, D]\nlet s = q @ k.T\nlet p = exp(s - max(s, T))\n"

@@ -164,6 +164,15 @@ def refusal(checked: CheckedKernel) -> str | None:
         problem = _reduction_problem(checked)
         if problem:
             return problem
+        for statement in kernel.body:  # its passes' kernels take an output's dimensions from its value
+            out = next(
+                (o for o in kernel.outputs if isinstance(statement, ir.Assign) and o.name == statement.target), None
+            )
+            lacking = [d for d in out.dims if d not in checked.types[statement.value].dims] if out else []
+            if lacking:
+                return (
+                    f"{out.name} is broadcast over {', '.join(lacking)}, which its value lacks: not on Mosaic GPU yet"
+                )
     for statement in kernel.body:
         if isinstance(statement, ir.Assign):
             out = next(o for o in kernel.outputs if o.name == statement.target)
