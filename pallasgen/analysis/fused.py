@@ -72,6 +72,7 @@ def analyze_fused(
         Diagnostic(items[dim].position, batch_block_problem(dim)) for dim in batch if dim in blocks and blocks[dim] != 1
     ]
     found += _batch_reduction_problems(kernel, batch)
+    found += _batch_order_problems(kernel, batch)
     swept = [d for d in dims if d in blocks and d not in output_dims and d not in batch]
     for dim in swept[1:]:
         found.append(
@@ -112,6 +113,25 @@ def _batch_reduction_problems(kernel: ir.Kernel, batch: tuple[str, ...]) -> list
         and isinstance(node.args[1], ir.Name)
         and node.args[1].id in batch
     ]
+
+
+def _batch_order_problems(kernel: ir.Kernel, batch: tuple[str, ...]) -> list[Diagnostic]:
+    """An array that lists a product's batch dimension after one of its tiles' (each step
+    holds one element of it: its tiles' dimensions come last)."""
+    found = []
+    for decl in kernel.outputs + kernel.inputs:
+        tiled = [d for d in decl.dims if d not in batch]
+        for dim, position in zip(decl.dims, decl.dim_positions):
+            if dim in batch and tiled and decl.dims.index(tiled[0]) < decl.dims.index(dim):
+                found.append(
+                    Diagnostic(
+                        position,
+                        f"{dim}, a batch dimension of a product, comes after {tiled[0]} in '{decl.name}': an array of a"
+                        " kernel with products lists its batch dimensions first",
+                    )
+                )
+                break
+    return found
 
 
 def batch_block_problem(dim: str) -> str:
