@@ -152,6 +152,16 @@ def test_operands_of_two_float_dtypes_are_converted_to_their_common_one(mixed, r
     assert_close(mixed.mixed(x, y), f64(x) @ f64(y), rtol=1e-5, atol=1e-4)
 
 
+def test_the_gradient_of_a_product_of_two_dtypes_converts_as_the_forward_does(mixed, rng):
+    """`x @ y` with x bf16 and y f32 is `f32(x) @ y`: dx, rounded to bf16, and dy in f32."""
+    m, n, k = SHAPES["ragged"]
+    x, y, dz = normal(rng, (m, k), BF16), normal(rng, (k, n), np.float32), normal(rng, (m, n), np.float32)
+    dx, dy = jax.vjp(mixed.mixed, x, y)[1](dz)
+    assert (dx.dtype, dy.dtype) == (jnp.bfloat16, jnp.float32)
+    assert_close(dx, f64(dz) @ f64(y).T, rtol=1e-2, atol=5e-2)
+    assert_close(dy, f64(x).T @ f64(dz), rtol=1e-5, atol=1e-4)
+
+
 def test_a_product_kernel_has_outputs_of_other_dimensions(mixed, rng):
     m, n, k = SHAPES["ragged"]
     x, y, b = normal(rng, (m, k), np.float32), normal(rng, (k, n), np.float32), normal(rng, (m,), np.float32)

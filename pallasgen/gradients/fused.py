@@ -37,6 +37,7 @@ from pallasgen.analysis.hardware import TPU_LANES, lane_tiles
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import find_products, product_of_inputs
+from pallasgen.analysis.valuetypes import ValueType, combine
 from pallasgen.frontend import ir
 
 
@@ -64,8 +65,10 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     namer = Namer([*forward, *checked.dims, *(s.name for s in lets)])
     prologues = []
     operands = []
+    checked, converted = _converted_operands(checked, node)
     for side_name, side in (("lhs", node.left), ("rhs", node.right)):
         value, transposed = product_operand(side)
+        value = converted.get(value, value)
         if isinstance(value, ir.Name) and value.id in {d.name for d in kernel.inputs}:
             operands.append(side)
             continue
@@ -93,6 +96,19 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
         steps, more = found
         recomputed.extend(more)
     return Derived(tuple(steps), tuple(residuals), tuple(dict.fromkeys(recomputed)))
+
+
+def _converted_operands(checked: CheckedKernel, node: ir.Binary):
+    """The kernel as its product computes: an input operand of a narrower float dtype than
+    the other is converted first, as jnp converts it (`x @ y` with x bf16 and y f32 is
+    `f32(x) @ y`), so that it is a computed operand. Its types then hold the cast."""
+    values = [product_operand(side)[0] for side in (node.left, node.right)]
+    common = combine(*(checked.types[v] for v in values), ()).dtype
+    converted = {
+        v: ir.Call(common.name, (v,), v.position, v.position) for v in values if checked.types[v].dtype != common
+    }
+    types = {cast: ValueType(common, checked.types[v].dims) for v, cast in converted.items()}
+    return dataclasses.replace(checked, types={**checked.types, **types}), converted
 
 
 def _prologue(checked: CheckedKernel, name: str, value: ir.Expr, cotangent: str):
