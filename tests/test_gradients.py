@@ -84,6 +84,7 @@ RULES = {
     "**": ("x, y", "x ** y"),
     "comparisons": ("x, y", "where((x < y) | (x <= 0.0) & (x >= -1.0), x, where((x == y) | (x != 1.0), y, 2.0))"),
     "~": ("x, y", "where(~(x > y), x, y)"),
+    "bits": ("x, y", "x * f32((i32(y) << 2) ^ (i32(y) >> 1)) + where((x > 0) ^ (y > 0), y, 0.0)"),
 }
 # Points with zeros of both signs, ties between arguments and the kinks of relu, abs,
 # floor and clip; each argument takes every one, against every other argument's.
