@@ -126,6 +126,14 @@ kernel mixed {
     block M = 16, N = 128, K = 128
 }
 
+kernel mixed_relu {
+    in  x: f32[M, K]
+    in  y: bf16[K, N]
+    out z: f32[M, N]
+    z = relu(x @ y)
+    block M = 16, N = 128, K = 128
+}
+
 kernel product_and_row_sums {
     in  x: f32[M, K]
     in  y: f32[K, N]
@@ -160,6 +168,17 @@ def test_the_gradient_of_a_product_of_two_dtypes_converts_as_the_forward_does(mi
     assert (dx.dtype, dy.dtype) == (jnp.bfloat16, jnp.float32)
     assert_close(dx, f64(dz) @ f64(y).T, rtol=1e-2, atol=5e-2)
     assert_close(dy, f64(x).T @ f64(dz), rtol=1e-5, atol=1e-4)
+
+
+def test_a_product_of_two_dtypes_saves_its_product_for_its_epilogues_derivative(mixed, rng):
+    """relu(x @ y): the forward pass saves x @ y as it computes it (y converted), which the
+    backward pass reads for relu's derivative."""
+    m, n, k = SHAPES["ragged"]
+    x, y, dz = normal(rng, (m, k), np.float32), normal(rng, (k, n), BF16), normal(rng, (m, n), np.float32)
+    dx, dy = jax.vjp(mixed.mixed_relu, x, y)[1](dz)
+    dacc = f64(dz) * (f64(x) @ f64(y) > 0)
+    assert_close(dx, dacc @ f64(y).T, rtol=1e-5, atol=1e-4)
+    assert_close(dy, f64(x).T @ dacc, rtol=1e-2, atol=5e-2)
 
 
 def test_a_product_kernel_has_outputs_of_other_dimensions(mixed, rng):

@@ -87,7 +87,9 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     if isinstance(derived, str):
         return derived
     steps, residuals, recomputed = list(derived.steps), list(derived.residuals), list(derived.recomputed)
-    back = {ir.Name(p.name, p.value.position): p.value for p in prologues}  # the operands as the forward computes them
+    # The operands as the forward computes them (an input it converts, as it reads it).
+    written = {cast: value for value, cast in converted.items()}
+    back = {ir.Name(p.name, p.value.position): written.get(p.value, p.value) for p in prologues}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in residuals]
     for prologue in prologues:
         found = _prologue_steps(prologue, steps, namer)
