@@ -316,6 +316,90 @@ def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_fact
     np.testing.assert_allclose(got, want, rtol=5e-2 if uses_bf16 else 1e-5, atol=atol, equal_nan=True)
 
 
+# ---------------------------------------------------------------- products, as users write them
+
+PRODUCT_DTYPES = {"f32": np.float32, "bf16": "bfloat16", "i8": np.int8}
+
+
+@st.composite
+def product_specs(draw):
+    """A kernel of one product and what surrounds it: batch dimensions on either side or
+    both, transposed or computed operands, two dtypes, an epilogue that reduces or takes a
+    softmax or a second product, outputs in any order, blocks or none. Its inputs: (name,
+    dtype, dims)."""
+    batch = draw(st.lists(st.sampled_from(["B", "H"]), unique=True, max_size=2))
+    left_batch = [d for d in batch if draw(st.booleans())]
+    right_batch = [d for d in batch if d not in left_batch or draw(st.booleans())]
+    dtype = draw(st.sampled_from(list(PRODUCT_DTYPES)))
+    other = dtype if draw(st.integers(0, 4)) else draw(st.sampled_from(["f32", "bf16"]))
+    left_t, right_t = draw(st.booleans()), draw(st.booleans())
+    inputs = [
+        ("x", dtype, [*left_batch, *(["K", "M"] if left_t else ["M", "K"])]),
+        ("y", other, [*right_batch, *(["N", "K"] if right_t else ["K", "N"])]),
+    ]
+    left = draw(st.sampled_from(["x", "relu(x)", "(x * 2)"])) + (".T" if left_t else "")
+    product = f"({left} @ {'y.T' if right_t else 'y'})"
+    dims = [*dict.fromkeys([*left_batch, *right_batch]), "M", "N"]
+    reduced = draw(st.sampled_from(dims))
+    epilogue, kept = draw(
+        st.sampled_from(
+            [
+                (product, dims),
+                (f"relu({product}) * 0.5", dims),
+                (f"{product} + bias", dims),
+                (f"sum({product}, {reduced})", [d for d in dims if d != reduced]),
+                (f"max({product}, {reduced})", [d for d in dims if d != reduced]),
+                (f"softmax({product}, N)", dims),
+                (f"{product} - logsumexp({product}, N)", dims),
+                (f"where(index(M) >= index(N), {product}, 0)", dims),
+            ]
+        )
+    )
+    if "bias" in epilogue:
+        inputs.append(("bias", "f32", [draw(st.sampled_from(["M", "N"]))]))
+    outputs = draw(st.permutations(kept)) if draw(st.booleans()) else kept
+    out_dtype = draw(st.sampled_from(["f32", "bf16"]))
+    lines = [f"    in  {name}: {t}[{', '.join(own)}]" for name, t, own in inputs]
+    lines += [f"    out z: {out_dtype}[{', '.join(outputs)}]", f"    z = {out_dtype}({epilogue})"]
+    blocks = {d: 1 for d in batch if draw(st.integers(0, 4))}
+    blocks |= {d: draw(st.sampled_from([8, 16, 128, 256])) for d in ("M", "N", "K") if draw(st.booleans())}
+    if blocks:
+        lines.append("    block " + ", ".join(f"{d} = {b}" for d, b in blocks.items()))
+    return "kernel fuzzed {\n" + "\n".join(lines) + "\n}\n", inputs
+
+
+@FUZZ
+@given(product_specs())
+def test_product_specs_give_a_module_or_a_spec_error(case):
+    assert_compiles(build(case[0]))
+
+
+@settings(max_examples=RUN_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(product_specs(), st.sampled_from([1, 3, 20, 130]))
+def test_product_specs_that_build_match_their_reference(tmp_path_factory, case, size):
+    """Interpret mode against the module's reference, at ragged sizes."""
+    import jax.numpy as jnp
+
+    spec, inputs = case
+    module_text = build(spec)
+    if module_text is None:
+        return
+    path = tmp_path_factory.mktemp("fuzz") / "fuzzed.py"
+    path.write_text(module_text)
+    module = load_module(path, f"_fuzzed_product_{abs(hash(spec))}")
+    sizes = {"B": 2, "H": 3, "M": size, "N": 130, "K": 20}
+    rng = np.random.default_rng(0)
+    arrays = []
+    for _, dtype, own in inputs:
+        shape = tuple(sizes[d] for d in own)
+        values = rng.integers(-5, 6, shape) if dtype == "i8" else rng.standard_normal(shape)
+        arrays.append(jnp.asarray(np.asarray(values).astype(PRODUCT_DTYPES[dtype])))
+    got = np.asarray(module.fuzzed(*arrays), np.float64)
+    want = np.asarray(module.fuzzed.reference(*arrays), np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * (1 + np.abs(want).max(initial=0)), equal_nan=True)
+
+
 # ---------------------------------------------------------------- mutated specs that build must be callable
 
 CALLED_SPECS = int(os.environ.get("PALLASGEN_FUZZ_CALLED", "10"))  # about 30 s of CPU
