@@ -7,6 +7,8 @@ since generated code leaves it to Python, so it must not raise there.
 
 from __future__ import annotations
 
+import operator
+
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, did_you_mean
@@ -230,8 +232,8 @@ class _Inference:
         return result
 
     def _matmul(self, node: ir.Binary) -> ValueType | None:
-        """A product of any two values: its operands are matrices, optionally transposed, whose contracted dimensions agree; floats accumulate
-        in f32, integers in i32."""
+        """A product of any two values: its operands are matrices, optionally transposed,
+        whose contracted dimensions agree; floats accumulate in f32, integers in i32."""
         sides = [product_operand(side) for side in (node.left, node.right)]
         types = [self.expr(value) for value, _ in sides]
         if None in types:
@@ -471,17 +473,18 @@ def _is_negative(node: ir.Expr) -> bool:
     return isinstance(value, (int, float)) and value < 0
 
 
-_PYTHON_OPS = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
+# Arithmetic on literals as Python computes it (the generated code leaves it to Python).
+PYTHON_OPS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
     "**": lambda a, b: python_power(a, b),
-    "^": lambda a, b: a ^ b,
+    "^": operator.xor,
     "<<": lambda a, b: python_shift(a, b),
-    ">>": lambda a, b: a >> b,
+    ">>": operator.rshift,
 }
 
 
@@ -512,12 +515,12 @@ def constant_value(node: ir.Expr) -> int | float | None:
     if isinstance(node, ir.Unary) and node.op == "~":
         value = constant_value(node.operand)
         return ~value if type(value) is int else None
-    if isinstance(node, ir.Binary) and node.op in _PYTHON_OPS:
+    if isinstance(node, ir.Binary) and node.op in PYTHON_OPS:
         left, right = constant_value(node.left), constant_value(node.right)
         if left is None or right is None:
             return None
         try:
-            result = _PYTHON_OPS[node.op](left, right)
+            result = PYTHON_OPS[node.op](left, right)
         except (ZeroDivisionError, OverflowError, TypeError, ValueError):  # 1.5 ^ 2, 1 << -1
             return None
         return result if isinstance(result, (int, float)) else None
@@ -527,10 +530,10 @@ def constant_value(node: ir.Expr) -> int | float | None:
 def constant_problem(node: ir.Binary) -> str | None:
     """Why Python cannot compute a binary operation on literals, or None."""
     left, right = constant_value(node.left), constant_value(node.right)
-    if left is None or right is None or node.op not in _PYTHON_OPS:
+    if left is None or right is None or node.op not in PYTHON_OPS:
         return None
     try:
-        result = _PYTHON_OPS[node.op](left, right)
+        result = PYTHON_OPS[node.op](left, right)
     except ZeroDivisionError:
         return "division by zero"
     except OverflowError:

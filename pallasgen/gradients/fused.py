@@ -101,9 +101,10 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
 
 
 def _converted_operands(checked: CheckedKernel, node: ir.Binary):
-    """The kernel as its product computes: an input operand of a narrower float dtype than
-    the other is converted first, as jnp converts it (`x @ y` with x bf16 and y f32 is
-    `f32(x) @ y`), so that it is a computed operand. Its types then hold the cast."""
+    """The kernel as its product computes: an operand of a narrower float dtype than the
+    other is converted first, as jnp converts it (`x @ y` with x bf16 and y f32 is
+    `f32(x) @ y`), so that it is a computed operand and the product's operands share a
+    dtype. Its types then hold the cast."""
     values = [product_operand(side)[0] for side in (node.left, node.right)]
     common = combine(*(checked.types[v] for v in values), ()).dtype
     converted = {
@@ -196,9 +197,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     by reverse mode, with its outputs read as saved, giving the product's cotangent in
     the operands' dtype; then one product kernel per operand."""
     kernel = checked.kernel
-    product = product_of_inputs(kernel)
-    if product is None:  # its operands are inputs: of two dtypes
-        return "a product of inputs of two dtypes"
+    product = product_of_inputs(kernel)  # of one dtype: `_converted_operands`
     acc = namer.claim_spec("acc")
     epilogue_kernel = product_gradients._epilogue(kernel, product, acc)
     read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}

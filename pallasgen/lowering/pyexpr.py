@@ -8,7 +8,7 @@ import operator
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.infer import python_power
+from pallasgen.analysis.infer import PYTHON_OPS
 from pallasgen.analysis.valuetypes import ValueType, combine
 
 # Python binding strength, loosest first.
@@ -417,18 +417,9 @@ def _operands(node: ir.Expr) -> tuple[ir.Expr, ...]:
 
 
 _PYTHON_OPERATORS = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": operator.truediv,
-    "//": operator.floordiv,
-    "%": operator.mod,
-    "**": python_power,
+    **PYTHON_OPS,
     "&": operator.and_,
     "|": operator.or_,
-    "^": operator.xor,
-    "<<": operator.lshift,
-    ">>": operator.rshift,
     "==": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,

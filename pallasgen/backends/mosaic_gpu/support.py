@@ -164,20 +164,17 @@ def refusal(checked: CheckedKernel) -> str | None:
         problem = _reduction_problem(checked)
         if problem:
             return problem
-        for statement in kernel.body:  # its passes' kernels take an output's dimensions from its value
-            out = next(
-                (o for o in kernel.outputs if isinstance(statement, ir.Assign) and o.name == statement.target), None
-            )
-            lacking = [d for d in out.dims if d not in checked.types[statement.value].dims] if out else []
-            if lacking:
-                return (
-                    f"{out.name} is broadcast over {', '.join(lacking)}, which its value lacks: not on Mosaic GPU yet"
-                )
     for statement in kernel.body:
         if isinstance(statement, ir.Assign):
             out = next(o for o in kernel.outputs if o.name == statement.target)
-            if not checked.types[statement.value].dims and out.dims:  # a vector is loaded broadcast
+            value_dims = checked.types[statement.value].dims
+            if not value_dims and out.dims:  # a vector is loaded broadcast
                 return f"{out.name} is assigned a scalar, not written on Mosaic GPU yet"
+            lacking = [d for d in out.dims if d not in value_dims]
+            if reduces and lacking:  # its passes' kernels take an output's dimensions from its value
+                return (
+                    f"{out.name} is broadcast over {', '.join(lacking)}, which its value lacks: not on Mosaic GPU yet"
+                )
     if not reduces and any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
         return "an output without every dimension of the kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
