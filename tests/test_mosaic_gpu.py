@@ -945,3 +945,23 @@ def test_compact_launcher_lines_compute_the_same_values_in_the_same_order():
     commented = "y = jnp.swapaxes(y, -1, -2)  # wgmma reads [N, K] tiles"
     assert compact([commented, "y = rt.mgpu_pad(y, (n, k))"]) == [commented, "y = rt.mgpu_pad(y, (n, k))"]
     assert compact(["a = " + "b" * 70, "c = " + "d" * 50]) == ["a = " + "b" * 70, "c = " + "d" * 50]
+
+
+@lowered_then_interpreted
+def test_a_fused_pass_streams_blocks_of_a_dimension_each_program_holds_a_block_of(tmp_path, monkeypatch):
+    """An FFN's second product, `relu(x @ w1.T) @ w2` swept over N with D blocked: each
+    step copies in a [block N, block D] tile of w2 (of the program's block of D), which
+    Mosaic GPU's fused form lowers and its interpreter runs against float64 NumPy."""
+    spec = "in x: bf16[M, K]\nin w1: bf16[N, K]\nin w2: bf16[N, D]\nout y: bf16[M, D]\ny = bf16(relu(x @ w1.T)) @ w2"
+    module = _module_of(spec + "\nblock M = 64, N = 64, D = 128", tmp_path, "ffn")
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (jnp.asarray(random_array(rng, "bf16", shape)) for shape in ((100, 64), (200, 64), (200, 300)))
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, w1, w2)]
+    assert MOSAIC_CALL.search(_cuda_text(module.k, args, gpu_backend="mosaic_gpu"))
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    got = np.asarray(module.k(x, w1, w2, gpu_backend="mosaic_gpu", interpret=INTERPRETER()), np.float64)
+    h = np.maximum(np.asarray(x, np.float64) @ np.asarray(w1, np.float64).T, 0)
+    want = np.asarray(jnp.asarray(h, jnp.bfloat16), np.float64) @ np.asarray(w2, np.float64)
+    np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=2.0**-7 * np.abs(want).max())

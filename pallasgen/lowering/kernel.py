@@ -67,6 +67,7 @@ class LoweredKernel:
     inputs: tuple[ArrayPlan, ...]
     outputs: tuple[ArrayPlan, ...]
     plain: ir.Kernel | None = None  # with `residuals`: the kernel a call that writes none computes
+    public: bool = True  # whether the module defines it as a kernel, with a `reference` (not a backend's part of one)
 
     @property
     def kernel(self) -> ir.Kernel:
@@ -111,12 +112,16 @@ class KernelPlan:
 
 
 def lower_kernel(
-    checked: CheckedKernel, taken: frozenset[str], residuals: int = 0, plain: ir.Kernel | None = None
+    checked: CheckedKernel,
+    taken: frozenset[str],
+    residuals: int = 0,
+    plain: ir.Kernel | None = None,
+    public: bool = True,
 ) -> LoweredKernel:
     """Names for a kernel's values, sizes and refs, avoiding `taken` (module-level names,
     the public keywords and the backends' own); its last `residuals` outputs are saved for
     jax.grad only (the kernel's forward pass under jax.grad, gradients.derive), `plain`
-    what it computes without them."""
+    what it computes without them; `public`: see LoweredKernel."""
     kernel, dims = checked.kernel, checked.dims
     namer = Namer(taken | {p.name for p in kernel.params})
     values = {name: namer.claim_spec(name) for name in _value_names(kernel)}
@@ -141,6 +146,7 @@ def lower_kernel(
             for i, d in enumerate(kernel.outputs)
         ),
         plain=plain,
+        public=public,
     )
 
 
@@ -335,7 +341,8 @@ def reference_call(lowered: LoweredKernel, emitter: Emitter) -> str | None:
     unpacked = kernel.outputs if len(kernel.outputs) > 1 else ()
     bound = {values[d.name] for d in (*kernel.inputs, *unpacked)} | {lowered.names[p.name] for p in kernel.params}
     if (
-        checked.has_products
+        not lowered.public
+        or checked.has_products
         or checked.sweep
         or lowered.residuals
         or len(lets) <= len(kernel.outputs)

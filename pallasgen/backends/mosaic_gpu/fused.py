@@ -518,14 +518,11 @@ class FusedPlanner:
         span = self._span(dim)
         return f"({span})" if " " in span else span
 
-    def _streamed_dims(self, decl) -> list[str]:
-        """The dimensions of an input's blocks along the swept dimension."""
-        return [d for d in decl.dims if d not in self.fused.batch and d not in self.fused.parallel]
-
     def _spec(self, decl) -> str:
-        """The pipeline's block of an input along the swept dimension."""
+        """The pipeline's block of an input along the swept dimension (of its view, `_at`:
+        a block of each dimension a program holds a block of, all of one held whole)."""
         swept = self.checked.sweep.dim
-        dims = self._streamed_dims(decl)
+        dims = self._tile_dims(decl)
         index_map = tuple_code(["i" if d == swept else "0" for d in dims])
         shape = tuple_code([block_keyword(d) for d in dims])
         if len(dims) == 2:
@@ -616,7 +613,7 @@ class FusedPlanner:
             ]
         blocks = [
             " * ".join(
-                [str(PIPELINE_STAGES * DTYPES[d.dtype].bits // 8), *(block_keyword(a) for a in self._streamed_dims(d))]
+                [str(PIPELINE_STAGES * DTYPES[d.dtype].bits // 8), *(block_keyword(a) for a in self._tile_dims(d))]
             )
             for d in streamed
         ]

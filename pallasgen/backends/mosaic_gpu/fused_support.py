@@ -38,6 +38,13 @@ def fused_problem(checked: CheckedKernel) -> str | None:
             return f"a fused product of {lhs} and {rhs} is not on Mosaic GPU yet (wgmma here: bf16 or f16 operands)"
         if product.lhs_contracts == 0:
             return "a fused product whose left tile is contracted along its rows is not on Mosaic GPU yet"
+    split, swept = (fused.parallel[0] if fused.parallel else None), checked.sweep.dim
+    for decl in kernel.inputs:
+        if split in decl.dims and swept in decl.dims:
+            return (
+                f"an input read along the swept dimension in blocks of {split} ({decl.name}) is not on Mosaic GPU's"
+                f" fused form (its warpgroups compute blocks of {split} each, and share the blocks it copies in)"
+            )
     inputs = {d.name for d in kernel.inputs}
     for carry in checked.sweep.carries:
         if carry.kind == "dot" and all(

@@ -161,7 +161,7 @@ def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
     chain = stages(lowered.checked)
     own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values()}
     taken = lowered.namer.taken - own  # the module's names: a stage's launcher is a function of its own
-    subs = [lower_kernel(s.checked, taken) for s in chain]
+    subs = [lower_kernel(s.checked, taken, public=False) for s in chain]
     plans = [plan_mosaic_gpu(sub, stage=True) for sub in subs]
     kernel, sizes = lowered.kernel, lowered.sizes
     params = [p.name for p in kernel.params]
