@@ -1774,6 +1774,18 @@ def assert_outputs_close(actual, expected, tolerances, what: str) -> None:
         np.testing.assert_allclose(a64[finite], e64[finite], rtol=tol.rtol, atol=tol.atol, err_msg=label)
 
 
+def assert_product_cotangent_close(got, want, dtype):
+    """A product kernel's cotangent against float64 NumPy's. f32: the products' rounding
+    over a ragged contracted dimension; bf16: a bf16 ulp of each element, and of the
+    cotangents' typical size where the sums cancel (the product's cotangent goes to the
+    MXU in bf16, as the operands do)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if dtype == jnp.bfloat16:
+        np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=2.0**-6 * np.sqrt(np.mean(want**2)))
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
     """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
     calls, primitives = [], set()

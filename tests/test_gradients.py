@@ -452,11 +452,11 @@ SEVERAL_PRODUCTS = (
 
 
 def test_a_kernel_whose_backward_kernels_are_not_generated_yet_says_so(tmp_path):
-    """jax.grad of a kernel that no derivation takes (two products that are not
+    """jax.grad of a kernel that no derivation takes (a product of a product that is not
     attention's) raises a NotImplementedError that names it and what it has, rather than
     JAX's error about a Pallas primitive."""
     module = load(tmp_path, "two", SEVERAL_PRODUCTS)
-    what = "several products in one kernel, other than attention's"
+    what = "a product of a product, other than attention's"
     assert f"not generated yet for {what}" in " ".join(module.two.__doc__.split())
     with pytest.raises(NotImplementedError) as raised:
         module._two_vjp((), ())

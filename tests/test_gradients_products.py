@@ -21,6 +21,7 @@ import pytest
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    assert_product_cotangent_close as assert_close,
     pallas_calls_and_primitives,
     f64,
     generated_module,
@@ -117,17 +118,6 @@ def inputs_and_cotangent(kernel: str, seed: int = 0, sizes=RAGGED):
 def kernel_vjp(module, kernel, arrays, dz, **keywords):
     _, vjp = jax.vjp(functools.partial(getattr(module, kernel), interpret=True, **keywords), *arrays)
     return vjp(dz)
-
-
-def assert_close(got, want, dtype):
-    """f32: the products' rounding over a ragged contracted dimension; bf16: a bf16 ulp of
-    each element, and of the cotangents' typical size where the sums cancel (the
-    product's cotangent goes to the MXU in bf16, as the operands do)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if dtype == jnp.bfloat16:
-        np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=2.0**-6 * np.sqrt(np.mean(want**2)))
-    else:
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))

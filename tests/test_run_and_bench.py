@@ -102,8 +102,8 @@ def test_run_says_which_kernels_jax_grad_cannot_differentiate_and_why(project):
     result = invoke("run", "specs/two.pallas", "--size", "M=8", "--size", "K=16", "--size", "N=128", "--size", "D=16")
     assert result.exit_code == 0, result.output
     assert (
-        "two.grad: not differentiable (none is generated yet for several products in one kernel, other than"
-        " attention's)" in result.output
+        "two.grad: not differentiable (none is generated yet for a product of a product, other than attention's)"
+        in result.output
     )
     assert "not differentiable" not in invoke("run", "specs/two.pallas", "--no-grad", "--size", "M=8").output
 

@@ -51,17 +51,23 @@ def product_of_inputs(kernel: ir.Kernel) -> Product | None:
     """The kernel's one product where its operands are matrices of input arrays (each
     optionally transposed) of one dtype: its operands, dimensions and accumulator. None
     for any other kernel."""
-    products = find_products(kernel)
-    if len(products) != 1:
-        return None
-    node = products[0]
+    products = products_of_inputs(kernel)
+    return products[0] if products is not None and len(products) == 1 else None
+
+
+def products_of_inputs(kernel: ir.Kernel) -> tuple[Product, ...] | None:
+    """The kernel's products, in source order, where each is of input matrices of one
+    dtype (`silu(x @ w1) * (x @ w3)`); None where it has none or any other."""
     inputs = {d.name: d for d in kernel.inputs}
-    lhs, rhs = (_operand(side, inputs) for side in (node.left, node.right))
-    if lhs is None or rhs is None or lhs.dtype != rhs.dtype:
-        return None
-    *_, m, k = lhs.matrix_dims
-    *_, _, n = rhs.matrix_dims
-    return Product(node, lhs, rhs, m, n, k, F32 if lhs.dtype.is_float else I32)
+    products = []
+    for node in find_products(kernel):
+        lhs, rhs = (_operand(side, inputs) for side in (node.left, node.right))
+        if lhs is None or rhs is None or lhs.dtype != rhs.dtype:
+            return None
+        *_, m, k = lhs.matrix_dims
+        *_, _, n = rhs.matrix_dims
+        products.append(Product(node, lhs, rhs, m, n, k, F32 if lhs.dtype.is_float else I32))
+    return tuple(products) or None
 
 
 def single_product(kernel: ir.Kernel) -> Product | None:

@@ -199,7 +199,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     kernel = checked.kernel
     product = product_of_inputs(kernel)  # of one dtype: `_converted_operands`
     acc = namer.claim_spec("acc")
-    epilogue_kernel = product_gradients._epilogue(kernel, product, acc)
+    epilogue_kernel = product_gradients._epilogue(kernel, (product,), (acc,))
     read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
     operands = [o.name for o in product.operands if o.name in read]
     if operands:  # the epilogue takes the product's result, not its operands
@@ -224,7 +224,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
             g = decl, Argument(dacc, "backward")
         steps.append(Step(derived_kernel, arguments, results))
     if g is not None:
-        steps += product_gradients._product_steps(_blocked(kernel, product), product, g)
+        steps += product_gradients._product_steps(_blocked(kernel, product), (product,), (g,))
     back = {ir.Name(acc, product.node.position): product.node}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
     if any(Argument(acc, "residual") in step.arguments for step in steps):

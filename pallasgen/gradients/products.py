@@ -28,6 +28,7 @@ relu), and nothing but the inputs where it does not (a scale, a bias).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 
 from pallasgen.gradients import reverse
@@ -36,58 +37,97 @@ from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.hardware import GPU_BACKWARD_DEPTH, TPU_LANES, lane_tiles
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.product import Product, product_dims
+from pallasgen.analysis.product import Product, find_products, product_dims, products_of_inputs
 from pallasgen.frontend import ir
 
 
 def derive(checked: CheckedKernel) -> Derived | str | None:
-    """The backward kernels of a kernel with one product (None: it has none, or it is a
-    fused kernel), or what it has that they are not generated for yet."""
-    product = checked.product
-    if product is None:
-        return None
-    not_yet = _not_generated_yet(product)
-    if not_yet:
-        return not_yet
+    """The backward kernels of a kernel with one product, or several products of inputs in
+    an elementwise epilogue (None: it has neither), or what it has that they are not
+    generated for yet."""
+    products = _products(checked)
+    if products is None:
+        return _several_not_yet(checked.kernel) if checked.framed else None
+    for product in products:
+        not_yet = _not_generated_yet(product)
+        if not_yet:
+            return not_yet
     kernel = checked.kernel
     forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params), *checked.dims]
-    acc = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))]).claim_spec("acc")
-    epilogue, problems = check_kernel(_epilogue(kernel, product, acc))
+    namer = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))])
+    accs = tuple(namer.claim_spec("acc" if len(products) == 1 else f"acc{i}") for i in range(1, len(products) + 1))
+    epilogue_kernel = _epilogue(kernel, products, accs)
+    read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
+    operands = [o.name for product in products for o in product.operands if o.name in read]
+    if operands:  # the epilogue takes the products' results, not their operands
+        return f"an output that reads the product's operand {operands[0]} beside the product"
+    epilogue, problems = check_kernel(epilogue_kernel)
     if problems:  # what the forward's checks pass, its epilogue passes: never expected
         return f"an epilogue that fails a check ({problems[0].message})"
+    if any(d.reductions for d in epilogue.space.dims):
+        return "several products whose values are reduced, other than attention's"
     not_yet = reverse.not_generated_yet(epilogue)
     if not_yet:
         return f"{not_yet} in the product's epilogue"
     backward = reverse.Reverse(epilogue)
-    steps, g = _epilogue_steps(kernel, product, backward, acc)
-    if g is not None:
-        steps = _fused(steps, _product_steps(kernel, product, g), g, backward.checked.space.layout)
-    residuals = ()
-    if any(a == Argument(acc, "residual") for step in steps for a in step.arguments):
-        residuals = (Residual(acc, product.node),)
+    steps, gs = _epilogue_steps(kernel, products, backward, accs)
+    if any(g is not None for g in gs):
+        product_steps = _product_steps(kernel, products, gs)
+        if isinstance(product_steps, str):
+            return product_steps
+        steps = _fused(steps, product_steps, gs, backward.checked.space.layout)
+    read = {a for step in steps for a in step.arguments}
+    residuals = tuple(Residual(acc, p.node) for acc, p in zip(accs, products) if Argument(acc, "residual") in read)
     return Derived(tuple(steps), residuals, backward.recomputed_names([s.kernel for s in steps]))
+
+
+def _products(checked: CheckedKernel) -> tuple[Product, ...] | None:
+    """The products this derivation takes: the kernel's single product, or several
+    products of inputs (the fused middle's, each of inputs of one dtype)."""
+    if checked.product is not None:
+        return (checked.product,)
+    products = products_of_inputs(checked.kernel) if checked.framed else None
+    return products if products is not None and len(products) > 1 else None
+
+
+def _several_not_yet(kernel: ir.Kernel) -> str | None:
+    """What a kernel of several products that are not all of inputs has that no backward
+    kernel is generated for: a product of a product (an FFN's `h @ w2`), or a computed
+    operand among several products."""
+    products = find_products(kernel)
+    if len(products) < 2:
+        return None
+    sides = [side for node in products for side in (node.left, node.right)]
+    if any(n in products for side in sides for n in ir.walk(side)):
+        return "a product of a product, other than attention's"
+    return "several products, one of a computed operand"
 
 
 def _not_generated_yet(product: Product) -> str | None:
     """What the product has that its backward kernels are not generated for: an operand
-    broadcast over a batch dimension (its cotangent sums over it too). The checks leave
-    the operands nowhere else in the body."""
+    broadcast over a batch dimension (its cotangent sums over it too)."""
     if product.lhs.dims[:-2] != product.rhs.dims[:-2]:
         return "a product whose operands have different batch dimensions"
     return None
 
 
-def _epilogue(kernel: ir.Kernel, product: Product, acc: str) -> ir.Kernel:
-    """The kernel with its product an input `acc`, and without its operands: its epilogue,
-    an elementwise kernel."""
-    position = product.node.position
-    dims = product_dims(product)
-    decl = ir.ArrayDecl(acc, product.accumulator.name, dims, position, position, (position,) * len(dims))
-    operands = {o.name for o in product.operands}
+def _epilogue(kernel: ir.Kernel, products: tuple[Product, ...], accs: tuple[str, ...]) -> ir.Kernel:
+    """The kernel with each product an input `acc`, and without their operands: its
+    epilogue, an elementwise kernel."""
+    decls, replaced, dims = [], {}, set()
+    for product, acc in zip(products, accs):
+        position = product.node.position
+        value_dims = product_dims(product)
+        decls.append(
+            ir.ArrayDecl(acc, product.accumulator.name, value_dims, position, position, (position,) * len(value_dims))
+        )
+        replaced[product.node] = ir.Name(acc, position)
+        dims |= set(value_dims)
+    operands = {o.name for product in products for o in product.operands}
     return dataclasses.replace(
         kernel,
-        inputs=(decl, *(d for d in kernel.inputs if d.name not in operands)),
-        body=tuple(reverse.replaced(s, {product.node: ir.Name(acc, position)}) for s in kernel.body),
+        inputs=(*decls, *(d for d in kernel.inputs if d.name not in operands)),
+        body=tuple(reverse.replaced(s, replaced) for s in kernel.body),
         blocks=tuple(b for b in kernel.blocks if b.dim in dims),
         accumulates=(),
         gpu_blocks=tuple(b for b in kernel.gpu_blocks if b.dim in dims),
@@ -95,9 +135,9 @@ def _epilogue(kernel: ir.Kernel, product: Product, acc: str) -> ir.Kernel:
     )
 
 
-def _epilogue_steps(kernel, product, backward: reverse.Reverse, acc: str):
-    """The elementwise backward kernels of the epilogue, and the product's cotangent as
-    the product kernels take it (None: it has none): the result of the first, or an
+def _epilogue_steps(kernel, products, backward: reverse.Reverse, accs: tuple[str, ...]):
+    """The elementwise backward kernels of the epilogue, and each product's cotangent as
+    the product kernels take it (None: it has none): a result of the first, or an
     output's cotangent as it is."""
     epilogue = backward.checked
     layout = epilogue.space.layout
@@ -105,28 +145,32 @@ def _epilogue_steps(kernel, product, backward: reverse.Reverse, acc: str):
     for decl in epilogue.kernel.inputs:
         if decl.name in backward.cotangents:
             groups["".join(d for d in layout if d not in decl.dims)].append(decl)
-    operand_dtype = product.lhs.dtype.name
-    g = None
-    if acc in backward.cotangents:
-        g = _output_cotangent(kernel, backward, backward.cotangents[acc], operand_dtype)
-        if g is not None:  # no epilogue kernel for it
-            groups[""] = [d for d in groups[""] if d.name != acc]
+    dtypes = {acc: product.lhs.dtype.name for acc, product in zip(accs, products)}
+    gs = {}
+    for acc in accs:
+        if acc in backward.cotangents:
+            gs[acc] = _output_cotangent(kernel, backward, backward.cotangents[acc], dtypes[acc])
+            if gs[acc] is not None:  # no epilogue kernel for it
+                groups[""] = [d for d in groups[""] if d.name != acc]
     steps = []
     for dims, decls in groups.items():
         if not decls:
             continue
         name = f"{kernel.name}_backward_" + (f"over_{dims.lower()}" if dims else "epilogue")
         derived, arguments = backward.kernel(name, decls, dims)
-        arguments = tuple(Argument(acc, "residual") if a == Argument(acc, "input") else a for a in arguments)
-        results = tuple(d.name for d in decls)
+        arguments = tuple(
+            Argument(a.name, "residual") if a.name in dtypes and a.source == "input" else a for a in arguments
+        )
+        results = [d.name for d in decls]
         if dims:
             derived = dataclasses.replace(derived, gpu_blocks=_gpu_blocks(derived, set(layout), dims))
-        if decls[0].name == acc:  # the product's cotangent, in its operands' dtype for the products
-            derived, dacc = _in_dtype(derived, 0, operand_dtype)
-            results = (dacc.name, *results[1:])
-            g = dacc, Argument(dacc.name, "backward")
-        steps.append(Step(derived, arguments, results))
-    return steps, g
+        for index, acc in enumerate(results):
+            if acc in dtypes:  # a product's cotangent, in its operands' dtype for the products
+                derived, dacc = _in_dtype(derived, index, dtypes[acc])
+                results[index] = dacc.name
+                gs[acc] = dacc, Argument(dacc.name, "backward")
+        steps.append(Step(derived, arguments, tuple(results)))
+    return steps, tuple(gs.get(acc) for acc in accs)
 
 
 def _output_cotangent(kernel, backward, cotangent: ir.Expr, dtype: str):
@@ -175,51 +219,71 @@ def _in_dtype(kernel: ir.Kernel, index: int, dtype: str) -> tuple[ir.Kernel, ir.
     return dataclasses.replace(kernel, outputs=outputs, body=body), converted
 
 
-def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
+def _product_steps(kernel: ir.Kernel, products: tuple[Product, ...], gs) -> list[Step] | str:
     """`dx = dacc @ y.T` and `dy = x.T @ dacc` (as the operands are stored) for each float
-    operand: one product kernel each."""
-    g_decl, g_argument = g
+    operand: one product kernel each, the sum of its products where it is an operand of
+    several (`dx = dacc1 @ w1.T + dacc3 @ w3.T`)."""
     inputs = {d.name: d for d in kernel.inputs}
-    x, y = (inputs[o.name] for o in product.operands)
+    terms = defaultdict(list)  # each operand -> (the cotangent, the other operand, the dimension contracted, node)
+    for product, g in zip(products, gs):
+        if g is None:
+            continue
+        x, y = (inputs[o.name] for o in product.operands)
+        terms[x.name].append((g, y, product.n, product.node))
+        terms[y.name].append((g, x, product.m, product.node))
     steps = []
-    for target, other, contracted in ((x, y, product.n), (y, x, product.m)):
+    for name, uses in terms.items():
+        target = inputs[name]
         if not DTYPES[target.dtype].is_float:
             continue
-        body, read = _product(target, (g_decl, other), contracted, product.node)
-        arguments = tuple(g_argument if decl is g_decl else Argument(decl.name, "input") for decl in read)
-        out = dataclasses.replace(target, name=Namer([d.name for d in read]).claim_spec(f"d{target.name}"))
-        dims = {*target.dims, contracted}
-        doc = (
-            f"The backward pass of `{kernel.name}`: the cotangent {out.name} of its input {target.name},"
-            f" from {g_decl.name}, that of its product.",
+        values, read, arguments = [], {}, {}
+        for (g_decl, g_argument), other, contracted, node in uses:
+            value, factors = _product(target, (g_decl, other), contracted, node)
+            values.append(value)
+            for decl in factors:
+                read.setdefault(decl.name, decl)
+                arguments.setdefault(decl.name, g_argument if decl is g_decl else Argument(decl.name, "input"))
+        out = dataclasses.replace(target, name=Namer(list(read)).claim_spec(f"d{target.name}"))
+        contracted = tuple(dict.fromkeys(c for _, _, c, _ in uses))
+        dims = {*target.dims, *contracted}
+        cotangents = list(dict.fromkeys(g_decl.name for (g_decl, _), *_ in uses))
+        of = (
+            f"{cotangents[0]}, that of its product"
+            if len(cotangents) == 1
+            else f"{', '.join(cotangents)}, those of its products"
         )
+        node = uses[0][3]
         derived = ir.Kernel(
             name=f"{kernel.name}_backward_{target.name}",
             position=kernel.position,
-            doc=doc,
-            inputs=read,
+            doc=(
+                f"The backward pass of `{kernel.name}`: the cotangent {out.name} of its input {target.name}, from {of}.",
+            ),
+            inputs=tuple(read.values()),
             outputs=(out,),
             params=(),
-            body=(ir.Assign(out.name, body, product.node.position),),
+            body=(ir.Assign(out.name, reverse.sum_of(values), node.position),),
             blocks=_blocks(kernel, dims, target.dims[-2:]),
             accumulates=kernel.accumulates,
-            gpu_blocks=_gpu_blocks(kernel, dims, contracted),
+            gpu_blocks=_gpu_blocks(kernel, dims, *contracted),
             gpu_options=kernel.gpu_options,
         )
-        steps.append(Step(derived, arguments, (target.name,)))
+        if len(uses) > 1 and check_kernel(derived)[1]:
+            return f"a sum of products for the cotangent of {target.name} that fails a check ({check_kernel(derived)[1][0].message})"
+        steps.append(Step(derived, tuple(arguments.values()), (target.name,)))
     return steps
 
 
-def _fused(elementwise: list[Step], products: list[Step], g, layout) -> list[Step]:
-    """The product steps with the elementwise ones folded in: each computes the product's
-    cotangent from what the epilogue kernel reads (a computed operand; no kernel writes
-    it), and the one that contracts a dimension also gives the sums over it (a bias's
+def _fused(elementwise: list[Step], products: list[Step], gs, layout) -> list[Step]:
+    """The product steps with the elementwise ones folded in: each computes the products'
+    cotangents from what the epilogue kernel reads (computed operands; no kernel writes
+    them), and the one that contracts a dimension also gives the sums over it (a bias's
     cotangent, summed over M in the same pass as dy = x.T @ dacc). An elementwise step
-    that gives more than the product's cotangent, a sum over a dimension no product
+    that gives more than the products' cotangents, a sum over a dimension no product
     contracts, or a fused kernel that fails a check stays a kernel of its own."""
-    g_decl, g_argument = g
-    epilogue = next((s for s in elementwise if g_argument.source == "backward" and s.results == (g_decl.name,)), None)
-    if g_argument.source == "backward" and epilogue is None:
+    computed = {decl.name: decl for decl, argument in filter(None, gs) if argument.source == "backward"}
+    epilogue = next((s for s in elementwise if computed and set(s.results) == set(computed)), None)
+    if computed and epilogue is None:
         return [*elementwise, *products]
     sums = {
         step: "".join(d for d in layout if d not in step.kernel.outputs[0].dims)
@@ -230,8 +294,8 @@ def _fused(elementwise: list[Step], products: list[Step], g, layout) -> list[Ste
     for step in products:
         inputs = {d for decl in step.kernel.inputs for d in decl.dims}
         contracted = "".join(d for d in layout if d in inputs - set(step.kernel.outputs[0].dims))
-        parts = [s for s, dims in sums.items() if dims == contracted]
-        candidate = _fused_step(step, epilogue, parts, g_decl)
+        parts = [s for s, dims in sums.items() if dims == contracted and s not in folded]
+        candidate = _fused_step(step, epilogue, parts, computed)
         if candidate is None:
             return [*elementwise, *products]
         fused.append(candidate)
@@ -239,15 +303,17 @@ def _fused(elementwise: list[Step], products: list[Step], g, layout) -> list[Ste
     return [*(s for s in elementwise if s in sums and s not in folded), *fused]
 
 
-def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], g_decl: ir.ArrayDecl) -> Step | None:
-    """The product step computing its cotangent operand `g_decl` as `epilogue` does (if
-    given), with the sums' outputs beside its own; None where the parts' names clash or
-    the fused kernel fails a check."""
+def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], computed: dict[str, ir.ArrayDecl]) -> Step | None:
+    """The product step computing the cotangent operands in `computed` that it reads as
+    `epilogue` does (if given), with the sums' outputs beside its own; None where the
+    parts' names clash or the fused kernel fails a check."""
+    product_kernel = step.kernel
+    (assign,) = product_kernel.body
+    reads = [d.name for d in product_kernel.inputs if d.name in computed]
+    epilogue = epilogue if reads else None
     parts = [*([epilogue] if epilogue else []), *sums]
     if not parts:
         return step
-    product_kernel = step.kernel
-    (assign,) = product_kernel.body
     lets: dict[str, ir.Let] = {}
     for part in parts:
         for statement in part.kernel.body:
@@ -255,35 +321,36 @@ def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], g_decl: ir.
                 return None
     body: list[ir.Statement] = list(lets.values())
     if epilogue is not None:
-        computed = epilogue.kernel.body[-1]
-        body.append(ir.Let(g_decl.name, computed.value, computed.position))
+        values = {s.target: s for s in epilogue.kernel.body if isinstance(s, ir.Assign)}
+        body += [ir.Let(name, values[name].value, values[name].position) for name in reads]
     sum_assigns = [s for part in sums for s in part.kernel.body if isinstance(s, ir.Assign)]
     arrays: dict[str, tuple[ir.ArrayDecl, Argument]] = {}  # the parts' inputs, then the other operand
     read = [pair for part in parts for pair in zip(part.kernel.inputs, part.arguments)]
-    read += [pair for pair in zip(product_kernel.inputs, step.arguments) if not epilogue or pair[0] != g_decl]
+    read += [pair for pair in zip(product_kernel.inputs, step.arguments) if not epilogue or pair[0].name not in reads]
     for decl, argument in read:
         if arrays.setdefault(decl.name, (decl, argument)) != (decl, argument):
             return None
     outputs = (product_kernel.outputs[0], *(o for part in sums for o in part.kernel.outputs))
-    taken = [*arrays, *lets, *(o.name for o in outputs[1:]), g_decl.name]
+    taken = [*arrays, *lets, *(o.name for o in outputs[1:]), *reads]
     if len({o.name for o in outputs}) < len(outputs) or outputs[0].name in taken or set(lets) & set(arrays):
         return None
     target = step.results[0]
+    of = f"{reads[0]}, that of its product" if len(reads) == 1 else f"{', '.join(reads)}, those of its products"
     doc = (
         f"The backward pass of `{product_kernel.name.rsplit('_backward_', 1)[0]}`: the cotangent {outputs[0].name}"
-        f" of its input {target}, from {g_decl.name}, that of its product"
+        f" of its input {target}, from {of}"
         + (", computed here from the epilogue's derivative" if epilogue else "")
         + (f"; and {', '.join(o.name for o in outputs[1:])}, summed in the same pass." if sums else "."),
     )
     params = {p.name: p for part in parts for p in part.kernel.params}
-    for product in _orientations(assign, g_decl.name):
+    for product in _orientations(assign, set(reads) if epilogue else set()):
         fused = dataclasses.replace(
             product_kernel,
             doc=doc,
             inputs=tuple(decl for decl, _ in arrays.values()),
             outputs=outputs,
             params=tuple(params.values()),
-            body=(*body, product, *sum_assigns),
+            body=(*_live(body, (product, *sum_assigns)), product, *sum_assigns),
         )
         if not check_kernel(fused)[1]:
             results = (target, *(r for part in sums for r in part.results))
@@ -291,17 +358,38 @@ def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], g_decl: ir.
     return None
 
 
-def _orientations(assign: ir.Assign, name: str):
-    """The product `assign`, then it with the operand `name` transposed: a value the
-    kernel computes is laid out in the kernel's dimension order, which may be the other
-    way round from the array it stands for."""
-    yield assign
-    flip = {}
-    for side in (assign.value.left, assign.value.right):
-        value, transposed = (side.value, True) if isinstance(side, ir.Attribute) else (side, False)
-        if isinstance(value, ir.Name) and value.id == name:
-            flip[side] = value if transposed else ir.Attribute(value, "T", side.position, side.position)
-    yield reverse.replaced(assign, flip)
+def _live(lets: list[ir.Let], statements) -> list[ir.Let]:
+    """The lets that `statements` read, directly or through other lets."""
+    read = {n.id for s in statements for n in ir.walk(s.value) if isinstance(n, ir.Name)}
+    live = []
+    for let in reversed(lets):
+        if let.name in read:
+            live.insert(0, let)
+            read |= {n.id for n in ir.walk(let.value) if isinstance(n, ir.Name)}
+    return live
+
+
+def _orientations(assign: ir.Assign, names: set[str]):
+    """The product `assign`, then it with the operands `names` transposed, each way: a
+    value the kernel computes is laid out in the kernel's dimension order, which may be
+    the other way round from the array it stands for."""
+    sides = [
+        side
+        for node in ir.walk(assign.value)
+        if isinstance(node, ir.Binary) and node.op == "@"
+        for side in (node.left, node.right)
+        if (side.value if isinstance(side, ir.Attribute) else side) in [ir.Name(n, side.position) for n in names]
+    ]
+    for flipped in itertools.product((False, True), repeat=len(sides)):
+        flip = {}
+        for side, flipping in zip(sides, flipped):
+            if flipping:
+                flip[side] = (
+                    side.value
+                    if isinstance(side, ir.Attribute)
+                    else ir.Attribute(side, "T", side.position, side.position)
+                )
+        yield reverse.replaced(assign, flip) if flip else assign
 
 
 def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tuple[ir.BlockSize, ...]:
@@ -317,15 +405,16 @@ def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tupl
     return tuple(blocks)
 
 
-def _gpu_blocks(kernel: ir.Kernel, dims: set[str], shallower: str) -> tuple[ir.BlockSize, ...]:
+def _gpu_blocks(kernel: ir.Kernel, dims: set[str], *shallower: str) -> tuple[ir.BlockSize, ...]:
     """The forward's GPU blocks of `dims`, and GPU_BACKWARD_DEPTH for the dimension `shallower`
     (a product's contracted one, a sum's) where the forward has none: at Triton's
     defaults (64 of a 16-bit product's contracted dimension, 64 rows of a sum), sm_90's
     ptxas spilled 4 to 8 bytes of registers in dx = dacc @ y.T at 8 rows, and in
     matmul_bias_gelu's sum of gelu's derivative over M (tests/test_compiled.py)."""
     blocks = [b for b in kernel.gpu_blocks if b.dim in dims]
-    if all(b.dim != shallower for b in blocks):
-        blocks.append(ir.BlockSize(shallower, GPU_BACKWARD_DEPTH, kernel.position, kernel.position))
+    for dim in shallower:
+        if all(b.dim != dim for b in blocks):
+            blocks.append(ir.BlockSize(dim, GPU_BACKWARD_DEPTH, kernel.position, kernel.position))
     return tuple(blocks)
 
 

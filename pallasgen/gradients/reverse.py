@@ -76,14 +76,11 @@ def derive(checked: CheckedKernel, saved_outputs=()) -> Derived | str:
 
 def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
-    are): a product (the derivations before this one take attention, plain products and
-    fused kernels with one product),
+    are): a product (the derivations before this one take every kernel with products),
     an input whose dimensions are in another order than the kernel's, or one broadcast
     over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
     would need sums over two blocked dimensions first.)"""
-    if checked.framed:
-        return "several products in one kernel, other than attention's"
-    if checked.product is not None:
+    if checked.has_products:
         return "a matrix product"
     layout = checked.space.layout
     for decl in checked.kernel.inputs:

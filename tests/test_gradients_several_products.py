@@ -1,0 +1,298 @@
+"""`jax.grad` through kernels with several products of inputs (gradients/products.py), as
+users write them: SwiGLU `silu(x @ w1) * (x @ w3)`, GeGLU with weights stored as
+nn.Linear stores them (`x @ w1.T`), and a sum of products with a bias. The products'
+values are saved by the forward pass (acc1, acc2: jax saves them too), the epilogue's
+derivative gives each product's cotangent, and each operand's cotangent is one product
+kernel: the sum of its products where it is an operand of several
+(`dx = dacc1 @ w1.T + dacc2 @ w3.T`).
+
+Each kernel is differentiated on both paths (TPU and Triton kernels in interpret mode) at
+ragged sizes against float64 NumPy derivatives written here by hand and `jax.vjp` of its
+reference, and compiled by the real compilers (Mosaic for v5e and v6e, Triton for sm_90
+with every access masked, Mosaic GPU's lowering).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax._src.mesh import AbstractDevice
+
+from kernel_cases import (
+    assert_product_cotangent_close as assert_close,
+    assert_triton_compiles_masked,
+    f64,
+    gelu_tanh_derivative_numpy,
+    gelu_tanh_numpy,
+    load_module,
+    take_gpu_branch,
+)
+from pallasgen.devices import compile_only
+from pallasgen.frontend import ir
+from pallasgen.workspace.pipeline import check_source, generate
+
+SPEC = """\
+kernel swiglu {
+    in  x: bf16[M, K]
+    in  w1, w3: bf16[K, N]
+    out y: bf16[M, N]
+    y = bf16(silu(x @ w1) * (x @ w3))
+    block M = 128, N = 128, K = 256
+}
+
+kernel geglu {                           # weights as nn.Linear stores them: [out, in]
+    in  x: bf16[M, K]
+    in  w1, w3: bf16[N, K]
+    out y: bf16[M, N]
+    y = bf16(gelu(x @ w1.T) * (x @ w3.T))
+    block M = 128, N = 128, K = 256
+}
+
+kernel two_inputs {
+    in  x: f32[M, K]
+    in  w: f32[K, N]
+    in  u: f32[M, J]
+    in  v: f32[J, N]
+    in  bias: f32[N]
+    out y: f32[M, N]
+    y = x @ w + u @ v + bias
+    block M = 64, N = 128, K = 128
+}
+"""
+
+RAGGED = {"M": 37, "K": 300, "N": 200, "J": 45}
+
+
+def silu_numpy(a):
+    return a / (1 + np.exp(-a))
+
+
+def silu_derivative_numpy(a):
+    sigmoid = 1 / (1 + np.exp(-a))
+    return sigmoid * (1 + a * (1 - sigmoid))
+
+
+def swiglu_numpy(x, w1, w3, dy):
+    """y = silu(a) * b, a = x @ w1, b = x @ w3: da = dy b silu'(a), db = dy silu(a);
+    dx = da @ w1.T + db @ w3.T, dw1 = x.T @ da, dw3 = x.T @ db."""
+    x, w1, w3, g = f64(x), f64(w1), f64(w3), f64(dy)
+    a, b = x @ w1, x @ w3
+    da, db = g * b * silu_derivative_numpy(a), g * silu_numpy(a)
+    return da @ w1.T + db @ w3.T, x.T @ da, x.T @ db
+
+
+def geglu_numpy(x, w1, w3, dy):
+    """y = gelu(a) * b, a = x @ w1.T, b = x @ w3.T: dw1 = da.T @ x, dw3 = db.T @ x."""
+    x, w1, w3, g = f64(x), f64(w1), f64(w3), f64(dy)
+    a, b = x @ w1.T, x @ w3.T
+    da, db = g * b * gelu_tanh_derivative_numpy(a), g * gelu_tanh_numpy(a)
+    return da @ w1 + db @ w3, da.T @ x, db.T @ x
+
+
+def two_inputs_numpy(x, w, u, v, bias, dy):
+    """y = x @ w + u @ v + bias: each product's cotangent is dy; dbias sums it over M."""
+    x, w, u, v, g = f64(x), f64(w), f64(u), f64(v), f64(dy)
+    return g @ w.T, x.T @ g, g @ v.T, u.T @ g, g.sum(axis=0)
+
+
+KERNELS = {
+    "swiglu": ((("bf16", "MK"), ("bf16", "KN"), ("bf16", "KN")), swiglu_numpy),
+    "geglu": ((("bf16", "MK"), ("bf16", "NK"), ("bf16", "NK")), geglu_numpy),
+    "two_inputs": ((("f32", "MK"), ("f32", "KN"), ("f32", "MJ"), ("f32", "JN"), ("f32", "N")), two_inputs_numpy),
+}
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    path = tmp_path_factory.mktemp("several_products") / "glu.py"
+    path.write_text(generate(SPEC, "specs/glu.pallas", "specs/glu.pallas"), encoding="utf-8")
+    return load_module(path, "_pallasgen_several_products")
+
+
+@pytest.fixture(params=["tpu", "gpu"])
+def path(request, module, monkeypatch):
+    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
+    for kernel in KERNELS:
+        getattr(module, kernel).clear_cache()
+    if request.param == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    yield request.param
+    for kernel in KERNELS:
+        getattr(module, kernel).clear_cache()
+
+
+def inputs_and_cotangent(module, kernel: str, seed: int = 0):
+    """Inputs scaled so that the products are of order 1 (where silu and gelu bend)."""
+    rng = np.random.default_rng(seed)
+    inputs, _ = KERNELS[kernel]
+    arrays = [
+        jnp.asarray(rng.standard_normal([RAGGED[d] for d in dims]) / np.sqrt(RAGGED["K"]) ** (i > 0), DTYPES[dtype])
+        for i, (dtype, dims) in enumerate(inputs)
+    ]
+    out = jax.eval_shape(getattr(module, kernel).reference, *arrays)
+    return arrays, jnp.asarray(rng.standard_normal(out.shape), out.dtype)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_vjp_of_the_kernel_is_the_float64_numpy_derivative(module, kernel, path):
+    arrays, dy = inputs_and_cotangent(module, kernel)
+    _, vjp = jax.vjp(functools.partial(getattr(module, kernel), interpret=True), *arrays)
+    for got, want, array in zip(vjp(dy), KERNELS[kernel][1](*arrays, dy), arrays, strict=True):
+        assert got.shape == array.shape and got.dtype == array.dtype
+        assert_close(got, want, array.dtype)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_vjp_of_the_kernel_is_the_vjp_of_its_reference(module, kernel, path):
+    arrays, dy = inputs_and_cotangent(module, kernel, seed=1)
+    _, vjp = jax.vjp(functools.partial(getattr(module, kernel), interpret=True), *arrays)
+    _, reference_vjp = jax.vjp(getattr(module, kernel).reference, *arrays)
+    for got, want, array in zip(vjp(dy), reference_vjp(dy), arrays, strict=True):
+        assert_close(got, want, array.dtype)
+
+
+def backward_kernels(forward: str) -> dict:
+    (checked,) = [k for k in check_source(SPEC, "glu.pallas") if k.kernel.name == forward]
+    return {b.checked.kernel.name.removeprefix(f"{forward}_backward_"): b for b in checked.gradient.kernels}
+
+
+def test_an_operand_of_two_products_gets_one_kernel_summing_both():
+    """dx = dacc1 @ w1.T + dacc2 @ w3.T in one pass over N; dw1 and dw3 one product each.
+    Each computes the products' cotangents it reads from the saved acc1, acc2 and dy (a
+    computed operand): no kernel writes them to memory."""
+    kernels = backward_kernels("swiglu")
+    assert sorted(kernels) == ["w1", "w3", "x"]
+    products = {name: derived.checked.frame.products for name, derived in kernels.items()}
+    assert [len(p) for p in products.values()] == [2, 1, 1]
+    for derived in kernels.values():
+        assert {(a.name, a.source) for a in derived.arguments} >= {("acc1", "residual"), ("y", "cotangent")}
+        assert all(a.source != "backward" for a in derived.arguments)
+    lets = {s.name for s in kernels["w3"].checked.kernel.body if isinstance(s, ir.Let)}
+    assert "dacc2" in lets and "dacc1" not in lets  # only what its product reads
+
+
+def test_the_forward_pass_saves_each_products_value_the_epilogues_derivative_reads():
+    (swiglu,) = [k for k in check_source(SPEC, "glu.pallas") if k.kernel.name == "swiglu"]
+    assert swiglu.gradient.residuals == ("acc1", "acc2")
+    (two_inputs,) = [k for k in check_source(SPEC, "glu.pallas") if k.kernel.name == "two_inputs"]
+    assert two_inputs.gradient.residuals == ()  # a sum's derivative reads no product
+
+
+def test_a_bias_beside_two_products_is_summed_once_in_a_pass_over_m():
+    """dw = x.T @ dy and dv = u.T @ dy both sweep M; the bias's cotangent is summed in the
+    first, and only there."""
+    kernels = backward_kernels("two_inputs")
+    assert sorted(kernels) == ["u", "v", "w", "x"]
+    assert kernels["w"].results == ("w", "bias")
+    assert all("bias" not in derived.results for name, derived in kernels.items() if name != "w")
+
+
+NOT_YET = """\
+kernel ffn {{
+    in  x: f32[M, K]
+    in  w1, w3: f32[K, N]
+    {more}
+    out y: f32[M, {out}]
+    y = {body}
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "body, more, out, what",
+    [
+        ("(silu(x @ w1) * (x @ w3)) @ w2", "in  w2: f32[N, D]", "D", "a product of a product, other than attention's"),
+        ("softmax(x @ w1 + x @ w3, N)", "", "N", "several products whose values are reduced, other than attention's"),
+        ("silu(exp(x) @ w1) * (x @ w3)", "", "N", "several products, one of a computed operand"),
+    ],
+)
+def test_what_is_not_differentiable_yet_is_named(body, more, out, what):
+    (checked,) = check_source(NOT_YET.format(more=more, out=out, body=body), "ffn.pallas")
+    assert checked.gradient.not_yet == what
+
+
+# --------------------------------------------------------------------------- compiled
+
+
+compiled = pytest.mark.skipif(
+    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
+
+
+def gradient_of(module, kernel: str, **keywords):
+    """jax.grad of the kernel's outputs' sum, by every float input: the forward kernel
+    that saves the residuals and every backward kernel."""
+    forward = functools.partial(getattr(module, kernel), interpret=False, **keywords)
+    inputs, _ = KERNELS[kernel]
+    return jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)), argnums=tuple(range(len(inputs))))
+
+
+def shapes(kernel: str, sizes=RAGGED) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct([sizes[d] for d in dims], DTYPES[dtype]) for dtype, dims in KERNELS[kernel][0]]
+
+
+@compiled
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_forward_and_backward_kernels_compile_for_tpu(module, kernel, chip):
+    text = compile_only.compile_for_tpu(gradient_of(module, kernel), shapes(kernel), chip=chip).as_text()
+    assert text.count("tpu_custom_call") >= len(backward_kernels(kernel))
+
+
+@compiled
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_forward_and_backward_kernels_compile_for_sm90_with_every_access_masked(module, kernel):
+    assert_triton_compiles_masked(gradient_of(module, kernel, gpu_backend="triton"), shapes(kernel))
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_the_backward_kernels_lower_to_mosaic_gpu(module, kernel):
+    """jax.grad with gpu_backend="mosaic_gpu" lowers for CUDA, each backward kernel that
+    Mosaic GPU takes to a Mosaic GPU call (a product kernel in stages to one a stage);
+    the others, and the forward kernels of two products, say why and run on Triton."""
+    pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
+    disabled = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    device = AbstractDevice(device_kind=compile_only.GPU_DEVICE_KIND, num_cores=compile_only.GPU_CORES, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        exported = jax.export.export(
+            jax.jit(gradient_of(module, kernel, gpu_backend="mosaic_gpu")), platforms=["cuda"], disabled_checks=disabled
+        )
+        text = exported(*shapes(kernel)).mlir_module()
+    taken = [
+        name
+        for name in backward_kernels(kernel)
+        if getattr(module, f"{kernel}_backward_{name}")._launchers["mosaic_gpu"][0]
+    ]
+    assert taken and len(re.findall(r"custom_call @mosaic_gpu", text)) >= len(taken)
+
+
+@pytest.mark.jax_line
+def test_the_backward_kernels_interpreted_on_mosaic_gpu_give_the_float64_numpy_derivative(module, monkeypatch):
+    """Mosaic GPU's interpreter (jax 0.12 on) runs swiglu's dw1 and dw3 as compiled, with
+    TMA's bounds, on the residuals its forward pass saves. dx's pass over N reads blocks
+    of M (of acc1, acc2, dy) that the warpgroups of Mosaic GPU's fused form would have to
+    share: it runs on Triton, and says so."""
+    plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
+    if not hasattr(plgpu, "InterpretGPUParams"):
+        pytest.skip("Mosaic GPU's interpreter is public from jax 0.12")
+    (x, w1, w3), dy = inputs_and_cotangent(module, "swiglu")
+    _, acc1, acc2 = module.swiglu.with_residuals(x, w1, w3, interpret=True)
+    take_gpu_branch(monkeypatch, module)
+    interpret = plgpu.InterpretGPUParams()
+    dw1 = module.swiglu_backward_w1(acc1, acc2, dy, x, gpu_backend="mosaic_gpu", interpret=interpret)
+    dw3 = module.swiglu_backward_w3(acc1, acc2, dy, x, gpu_backend="mosaic_gpu", interpret=interpret)
+    _, want_dw1, want_dw3 = swiglu_numpy(x, w1, w3, dy)
+    assert_close(dw1, want_dw1, jnp.bfloat16)
+    assert_close(dw3, want_dw3, jnp.bfloat16)
+    assert module.swiglu_backward_x._launchers["mosaic_gpu"][0] is None
+    assert "an input read along the swept dimension in blocks of M (acc1)" in " ".join(
+        line.strip("# ") for line in inspect.getsource(module).splitlines()
+    )
