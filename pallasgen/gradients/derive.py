@@ -17,7 +17,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.gradients import attention as attention_gradients, fused as fused_gradients, products as product_gradients, reverse
+from pallasgen.gradients import (
+    attention as attention_gradients,
+    fused as fused_gradients,
+    products as product_gradients,
+    reverse,
+)
 from pallasgen.gradients.backward import Argument, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir
@@ -121,9 +126,14 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     if isinstance(derived, str):
         return Gradient(not_yet=derived), []
     forward = {d.name for d in kernel.inputs}
-    copies = [(step, _passed_on(step, forward)) for step in derived.steps]
+    steps = _read(derived.steps, forward)
+    read = {a for step in steps for a in step.arguments}
+    residuals = tuple(r for r in derived.residuals if Argument(r.name, "residual") in read)
+    copies = [(step, _passed_on(step, forward)) for step in steps]
     passed = tuple(pair for _, pairs in copies for pair in pairs)
-    derived = dataclasses.replace(derived, steps=tuple(step for step, pairs in copies if not pairs))
+    derived = dataclasses.replace(
+        derived, steps=tuple(step for step, pairs in copies if not pairs), residuals=residuals
+    )
     derived_kernels = [step.kernel for step in derived.steps]
     if derived.residuals:
         derived_kernels.insert(0, _saving_kernel(checked, derived.residuals))
@@ -155,6 +165,17 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     saving = checked_kernels[derived_kernels[0].name] if derived.residuals else None
     residuals = tuple(r.name for r in derived.residuals)
     return Gradient(backward, saving, residuals, derived.recomputed, passed=passed), []
+
+
+def _read(steps: tuple[Step, ...], forward: set[str]) -> list[Step]:
+    """The steps that give a forward input's cotangent or what a later step reads: not the
+    cotangent of a value no input's depends on (an integer weight's `bf16(w)`)."""
+    wanted, kept = set(forward), []
+    for step in reversed(steps):
+        if wanted & set(step.results):
+            kept.insert(0, step)
+            wanted |= {a.name for a in step.arguments if a.source == "backward"}
+    return kept
 
 
 def _passed_on(step: Step, forward: set[str]) -> tuple[tuple[str, str], ...]:

@@ -72,14 +72,13 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
         if isinstance(value, ir.Name) and value.id in {d.name for d in kernel.inputs}:
             operands.append(side)
             continue
-        if transposed:
-            return "a product of a transposed computed operand"
         name = namer.claim_spec(side_name)
         prologue, problem = _prologue(checked, name, value, namer.claim_spec(f"d{name}"))
         if problem:
             return problem
         prologues.append(prologue)
-        operands.append(ir.Name(name, value.position))
+        operand = ir.Name(name, value.position)  # read as the product reads the value: `bf16(w).T` as `rhs.T`
+        operands.append(dataclasses.replace(side, value=operand) if transposed else operand)
     product_kernel, problem = _product_kernel(checked, node, operands, prologues)
     if problem:
         return problem

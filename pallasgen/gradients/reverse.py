@@ -506,6 +506,8 @@ def substitute(node: ir.Expr, mapping: dict[ir.Expr, ir.Expr]) -> ir.Expr:
         return dataclasses.replace(node, left=substitute(node.left, mapping), right=substitute(node.right, mapping))
     if isinstance(node, ir.Call):
         return dataclasses.replace(node, args=tuple(substitute(a, mapping) for a in node.args))
+    if isinstance(node, ir.Attribute):
+        return dataclasses.replace(node, value=substitute(node.value, mapping))
     return node
 
 

@@ -1,0 +1,191 @@
+"""`jax.grad` through products of a transposed computed operand (gradients/fused.py), as
+users write them: int8 weight-only matmul `x @ bf16(w).T` (weights stored [out, in] as
+nn.Linear stores them), with a per-channel scale, and an f32 `x @ (w * g).T`.
+
+The operand is computed again by a kernel of its own (NAME_rhs) and read transposed by
+the product kernels as the forward reads it. An integer weight has no cotangent: no
+kernel computes the operand's (`drhs`, a whole product), and the forward pass saves
+nothing for it. Each kernel is differentiated on both paths (TPU and Triton kernels in
+interpret mode) at ragged sizes against float64 NumPy derivatives written here by hand,
+and compiled for v5e, v6e and sm_90 (every access masked).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_cases import (
+    assert_product_cotangent_close,
+    assert_triton_compiles_masked,
+    f64,
+    load_module,
+    take_gpu_branch,
+)
+from pallasgen.devices import compile_only
+from pallasgen.workspace.pipeline import check_source, generate
+
+SPEC = """\
+kernel w8 {
+    in  x: bf16[M, K]
+    in  w: i8[N, K]
+    out y: bf16[M, N]
+    y = x @ bf16(w).T
+    block M = 128, N = 128, K = 256
+}
+
+kernel w8_scaled {
+    in  x: bf16[M, K]
+    in  w: i8[N, K]
+    in  scale: f32[N]
+    out y: bf16[M, N]
+    y = bf16((x @ bf16(w).T) * scale)
+    block M = 128, N = 128, K = 256
+}
+
+kernel scaled_t {
+    in  x: f32[M, K]
+    in  w: f32[N, K]
+    in  g: f32[K]
+    out y: f32[M, N]
+    y = x @ (w * g).T
+    block M = 64, N = 128, K = 128
+}
+"""
+
+RAGGED = {"M": 37, "K": 300, "N": 200}
+
+
+def w8_numpy(x, w, dy):
+    """y = x @ w.T: dx = dy @ w; w (integers) has none."""
+    return (f64(dy) @ f64(w),)
+
+
+def w8_scaled_numpy(x, w, scale, dy):
+    """y = (x @ w.T) * scale: g = dy * scale; dx = g @ w, dscale = sum(dy * (x @ w.T), M)."""
+    x, w, g = f64(x), f64(w), f64(dy)
+    return (g * f64(scale)) @ w, (g * (x @ w.T)).sum(axis=0)
+
+
+def scaled_t_numpy(x, w, g, dy):
+    """y = x @ (w * g).T: dx = dy @ (w * g), d(w * g) = dy.T @ x, dw = that * g, dg = sum(w * that, N)."""
+    x, w, g, dy = f64(x), f64(w), f64(g), f64(dy)
+    drhs = dy.T @ x
+    return dy @ (w * g), drhs * g, (w * drhs).sum(axis=0)
+
+
+KERNELS = {  # each input's dtype and dimensions, and the float inputs' float64 derivatives
+    "w8": ((("bf16", "MK"), ("i8", "NK")), w8_numpy),
+    "w8_scaled": ((("bf16", "MK"), ("i8", "NK"), ("f32", "N")), w8_scaled_numpy),
+    "scaled_t": ((("f32", "MK"), ("f32", "NK"), ("f32", "K")), scaled_t_numpy),
+}
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "i8": jnp.int8}
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    path = tmp_path_factory.mktemp("transposed_operands") / "quantized.py"
+    path.write_text(generate(SPEC, "specs/quantized.pallas", "specs/quantized.pallas"), encoding="utf-8")
+    return load_module(path, "_pallasgen_transposed_operands")
+
+
+@pytest.fixture(params=["tpu", "gpu"])
+def path(request, module, monkeypatch):
+    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
+    for kernel in KERNELS:
+        getattr(module, kernel).clear_cache()
+    if request.param == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    yield request.param
+    for kernel in KERNELS:
+        getattr(module, kernel).clear_cache()
+
+
+def inputs_and_cotangent(module, kernel: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for dtype, dims in KERNELS[kernel][0]:
+        shape = [RAGGED[d] for d in dims]
+        values = rng.integers(-128, 128, shape) if dtype == "i8" else rng.standard_normal(shape)
+        arrays.append(jnp.asarray(values, DTYPES[dtype]))
+    out = jax.eval_shape(getattr(module, kernel).reference, *arrays)
+    return arrays, jnp.asarray(rng.standard_normal(out.shape), out.dtype)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_vjp_of_the_kernel_is_the_float64_numpy_derivative(module, kernel, path):
+    arrays, dy = inputs_and_cotangent(module, kernel)
+    _, vjp = jax.vjp(functools.partial(getattr(module, kernel), interpret=True), *arrays)
+    got = vjp(dy)
+    floats = [(g, a) for g, a in zip(got, arrays, strict=True) if jnp.issubdtype(a.dtype, jnp.floating)]
+    for (cotangent, array), want in zip(floats, KERNELS[kernel][1](*arrays, dy), strict=True):
+        assert cotangent.shape == array.shape and cotangent.dtype == array.dtype
+        assert_product_cotangent_close(cotangent, want, array.dtype)
+    integers = [g for g, a in zip(got, arrays) if a.dtype == jnp.int8]
+    assert all(g.dtype == jax.dtypes.float0 for g in integers)
+
+
+def gradient(name: str):
+    (checked,) = [k for k in check_source(SPEC, "quantized.pallas") if k.kernel.name == name]
+    return checked.gradient
+
+
+def test_an_integer_weights_operand_gets_no_cotangent_and_nothing_saved():
+    """w8's backward pass computes bf16(w) again and dx = dy @ rhs: no kernel computes the
+    operand's cotangent (dy.T @ x, a product as large as the forward's), and the forward
+    saves nothing."""
+    w8 = gradient("w8")
+    assert [k.checked.kernel.name for k in w8.kernels] == ["w8_rhs", "w8_backward_x"]
+    assert w8.residuals == () and w8.recomputed == ("rhs",)
+    assert [k.checked.kernel.name for k in gradient("w8_scaled").kernels] == [
+        "w8_scaled_rhs",
+        "w8_scaled_backward_epilogue",
+        "w8_scaled_backward_over_m",
+        "w8_scaled_backward_x",
+    ]
+
+
+def test_a_float_weights_operand_cotangent_goes_through_the_operands_derivative():
+    scaled_t = gradient("scaled_t")
+    names = [k.checked.kernel.name for k in scaled_t.kernels]
+    assert names == [
+        "scaled_t_rhs",
+        "scaled_t_backward_x",
+        "scaled_t_backward_rhs",
+        "scaled_t_rhs_backward",
+        "scaled_t_rhs_backward_over_n",
+    ]
+
+
+compiled = pytest.mark.skipif(
+    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
+
+
+def gradient_of(module, kernel: str, **keywords):
+    """jax.grad of the kernel's output's sum by its float inputs."""
+    forward = functools.partial(getattr(module, kernel), interpret=False, **keywords)
+    floats = tuple(i for i, (dtype, _) in enumerate(KERNELS[kernel][0]) if dtype != "i8")
+    return jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)), argnums=floats)
+
+
+def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct([RAGGED[d] for d in dims], DTYPES[dtype]) for dtype, dims in KERNELS[kernel][0]]
+
+
+@compiled
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_the_backward_kernels_compile_for_tpu(module, kernel, chip):
+    text = compile_only.compile_for_tpu(gradient_of(module, kernel), shapes(kernel), chip=chip).as_text()
+    assert text.count("tpu_custom_call") >= len(gradient(kernel).kernels)
+
+
+@compiled
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_the_backward_kernels_compile_for_sm90_with_every_access_masked(module, kernel):
+    assert_triton_compiles_masked(gradient_of(module, kernel, gpu_backend="triton"), shapes(kernel))
