@@ -76,6 +76,8 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     if not_yet:
         return f"{not_yet} in the product's epilogue"
     backward = reverse.Reverse(epilogue)
+    if any(len(backward.summed(name)) > 1 for name in backward.cotangents):
+        return "an input broadcast over two blocked dimensions of a product's value"
     steps, gs = _epilogue_steps(kernel, products, backward, accs)
     if any(g is not None for g in gs):
         product_steps = _product_steps(kernel, products, gs)

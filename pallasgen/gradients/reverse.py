@@ -42,6 +42,7 @@ from pallasgen.gradients.backward import Argument, Derived, Residual, Step, is_f
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder, operator_rule
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
 from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
 
@@ -64,9 +65,12 @@ def derive(checked: CheckedKernel, saved_outputs=()) -> Derived | str:
             if decl.name in reverse.contributions:
                 groups["".join(reverse.summed(decl.name))].append(decl)
         steps = reverse.intermediate_steps()
-        for dim, decls in groups.items():
-            name = f"{checked.kernel.name}_backward" + (f"_over_{dim.lower()}" if dim else "")
-            derived, arguments = reverse.kernel(name, decls, dim)
+        for dims, decls in groups.items():
+            if len(dims) == 2:
+                steps += _summed_twice(reverse, checked.kernel, decls, dims)
+                continue
+            name = f"{checked.kernel.name}_backward" + (f"_over_{dims.lower()}" if dims else "")
+            derived, arguments = reverse.kernel(name, decls, dims)
             steps.append(Step(derived, arguments, tuple(d.name for d in decls)))
     except NotYet as error:
         return str(error)
@@ -74,11 +78,66 @@ def derive(checked: CheckedKernel, saved_outputs=()) -> Derived | str:
     return Derived(tuple(steps), reverse.residuals(kernels), reverse.recomputed_names(kernels))
 
 
+def _summed_twice(reverse: Reverse, forward: ir.Kernel, decls, dims: str) -> list[Step]:
+    """The steps giving the cotangents of inputs broadcast over two blocked dimensions:
+    one kernel sums them over one dimension, keeping the other in f32 partial sums, and
+    one more sums those. Which is kept: the first whose block tiles the partial sums (an
+    RMS norm's `w: [D]` over [B, S, D], B and S in blocks of 1 and 32, keeps S: [B, D]
+    would take one row of B a block)."""
+    blocks = {b.dim: b.size for b in forward.blocks}
+    for kept, summed in (dims, dims[::-1]):
+        partial = [tuple(d for d in reverse.layout if d in decl.dims or d == kept) for decl in decls]
+        if all(_tiles(dims, kept, blocks[kept]) for dims in partial):
+            derived, arguments = reverse.kernel(f"{forward.name}_backward_over_{summed.lower()}", decls, summed, kept)
+            partials = tuple(o.name for o in derived.outputs)
+            return [Step(derived, arguments, partials), _summing_step(forward, derived.outputs, decls, kept)]
+    raise NotYet("an input broadcast over two blocked dimensions whose partial sums no block tiles")
+
+
+def _tiles(dims: tuple[str, ...], dim: str, block: int) -> bool:
+    """Whether a block of `block` along `dim` tiles f32 arrays of `dims` on the TPU: a
+    multiple of the sublanes second-to-last, of the lanes last, any size before."""
+    position = len(dims) - dims.index(dim)
+    return position > 2 or block % (TPU_SUBLANES if position == 2 else TPU_LANES) == 0
+
+
+def _summing_step(forward: ir.Kernel, partials, decls, dim: str) -> Step:
+    """The kernel that sums the partial cotangents of `decls` over the blocked dimension
+    `dim` (an input [S, D] of a kernel with B and H blocked: summed over H by the kernel
+    that computes them, over B here): the inputs' cotangents, in their dtypes."""
+    outs, body = [], []
+    for partial, decl in zip(partials, decls):
+        position = decl.position
+        value = ir.Call("sum", (ir.Name(partial.name, position), ir.Name(dim, position)), position, position)
+        if decl.dtype != partial.dtype:
+            value = ir.Call(decl.dtype, (value,), position, position)
+        outs.append(dataclasses.replace(decl, name=f"d{decl.name}"))
+        body.append(ir.Assign(outs[-1].name, value, position))
+    dims = {d for partial in partials for d in partial.dims}
+    kernel = ir.Kernel(
+        name=f"{forward.name}_backward_over_{dim.lower()}",
+        position=forward.position,
+        doc=(
+            f"The backward pass of `{forward.name}`: the cotangents {', '.join(o.name for o in outs)} of its inputs,"
+            f" {', '.join(p.name for p in partials)} summed over {dim} (the inputs are broadcast over it).",
+        ),
+        inputs=tuple(partials),
+        outputs=tuple(outs),
+        params=(),
+        body=tuple(body),
+        blocks=tuple(b for b in forward.blocks if b.dim in dims),
+        accumulates=(),
+        gpu_blocks=tuple(b for b in forward.gpu_blocks if b.dim in dims),
+        gpu_options=forward.gpu_options,
+    )
+    return Step(kernel, tuple(Argument(p.name, "backward") for p in partials), tuple(d.name for d in decls))
+
+
 def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
     are): a product (the derivations before this one take every kernel with products),
     an input whose dimensions are in another order than the kernel's, or one broadcast
-    over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
+    over three blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
     would need sums over two blocked dimensions first.)"""
     if checked.has_products:
         return "a matrix product"
@@ -86,8 +145,8 @@ def not_generated_yet(checked: CheckedKernel) -> str | None:
     for decl in checked.kernel.inputs:
         if decl.dims != tuple(dim for dim in layout if dim in decl.dims):
             return "an input whose dimensions are in another order than the kernel's"
-        if is_float(decl) and len([d for d in layout if d not in decl.dims and d in checked.blocks]) > 1:
-            return "an input broadcast over two blocked dimensions"
+        if is_float(decl) and len([d for d in layout if d not in decl.dims and d in checked.blocks]) > 2:
+            return "an input broadcast over three blocked dimensions"
     return None
 
 
@@ -352,15 +411,27 @@ class Reverse:
                 found.append(ir.Let(statement.name, self._forward(statement.value, self.bound), statement.position))
         return found
 
-    def kernel(self, name: str, decls: list[ir.ArrayDecl], summed: str) -> tuple[ir.Kernel, tuple[Argument, ...]]:
+    def kernel(
+        self, name: str, decls: list[ir.ArrayDecl], summed: str, kept: str = ""
+    ) -> tuple[ir.Kernel, tuple[Argument, ...]]:
         """The backward kernel that gives the cotangents of `decls` (summed over the
-        dimension `summed`, if any), and the arrays it takes."""
+        dimension `summed`, if any), and the arrays it takes; with `kept`, a blocked
+        dimension they are to be summed over too, partial cotangents in f32 that keep it
+        (`dcos_b`: a later kernel sums them over B)."""
         outs = []
         assigns = []
         for decl in decls:
-            out = self.namer.claim_spec(f"d{decl.name}")
-            outs.append(dataclasses.replace(decl, name=out))
             terms = self.contributions[decl.name]
+            if kept and any({kept, summed} - set(self.dims(t)) for t in terms):
+                raise NotYet("an input broadcast over two blocked dimensions that only some of its uses have")
+            if kept:
+                out = self.namer.claim_spec(f"d{decl.name}_{kept.lower()}")
+                dims = tuple(d for d in self.layout if d in decl.dims or d == kept)
+                position = decl.position
+                outs.append(ir.ArrayDecl(out, "f32", dims, position, decl.dtype_position, (position,) * len(dims)))
+            else:
+                out = self.namer.claim_spec(f"d{decl.name}")
+                outs.append(dataclasses.replace(decl, name=out))
             with_dim = [t for t in terms if summed and summed in self.dims(t)]
             rest = [t for t in terms if t not in with_dim]
             dim = ir.Name(summed, decl.position)
