@@ -7,6 +7,7 @@ share no code with pallasgen or with the generated references (`NAME.reference`)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import re
@@ -108,6 +109,29 @@ def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
         return module.rt.gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu, on_hopper)(*arrays, interpret=interpret)
 
     monkeypatch.setattr(module.rt, "on_platform", on_gpu)
+
+
+def module_from_spec(tmp_path_factory, source: str, stem: str) -> ModuleType:
+    """The module generated from `source` as specs/STEM.pallas, imported."""
+    from pallasgen.workspace.pipeline import generate
+
+    path = tmp_path_factory.mktemp(stem) / f"{stem}.py"
+    path.write_text(generate(source, f"specs/{stem}.pallas", f"specs/{stem}.pallas"), encoding="utf-8")
+    return load_module(path, f"_pallasgen_{stem}")
+
+
+@contextlib.contextmanager
+def on_path(module: ModuleType, path: str, monkeypatch):
+    """The module's kernels run on `path`: "tpu" (the TPU kernels interpreted, the CPU
+    default) or "gpu" (the Triton kernels interpreted); their traces, which hold the path
+    they were traced on, are dropped before and after."""
+    for name in kernels_in(module):
+        getattr(module, name).clear_cache()
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    yield path
+    for name in kernels_in(module):
+        getattr(module, name).clear_cache()
 
 
 def kernels_in(module: ModuleType) -> list[str]:

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import assert_triton_compiles_masked, f64, load_module, take_gpu_branch
+from kernel_cases import assert_triton_compiles_masked, f64, module_from_spec, on_path
 from pallasgen.devices import compile_only
-from pallasgen.workspace.pipeline import check_source, generate
+from pallasgen.workspace.pipeline import check_source
 
 SPEC = """\
 kernel rope {                            # q split in halves by the caller
@@ -67,20 +67,14 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    path = tmp_path_factory.mktemp("broadcast_inputs") / "broadcast.py"
-    path.write_text(generate(SPEC, "specs/broadcast.pallas", "specs/broadcast.pallas"), encoding="utf-8")
-    return load_module(path, "_pallasgen_broadcast_inputs")
+    return module_from_spec(tmp_path_factory, SPEC, "broadcast")
 
 
 @pytest.fixture(params=["tpu", "gpu"])
 def path(request, module, monkeypatch):
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
-    if request.param == "gpu":
-        take_gpu_branch(monkeypatch, module)
-    yield request.param
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
+    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
+    with on_path(module, request.param, monkeypatch) as path:
+        yield path
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:

@@ -31,12 +31,12 @@ from kernel_cases import (
     f64,
     gelu_tanh_derivative_numpy,
     gelu_tanh_numpy,
-    load_module,
+    module_from_spec,
+    on_path,
     take_gpu_branch,
 )
 from pallasgen.devices import compile_only
-from pallasgen.frontend import ir
-from pallasgen.workspace.pipeline import check_source, generate
+from pallasgen.workspace.pipeline import check_source
 
 SPEC = """\
 kernel swiglu {
@@ -112,21 +112,14 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    path = tmp_path_factory.mktemp("several_products") / "glu.py"
-    path.write_text(generate(SPEC, "specs/glu.pallas", "specs/glu.pallas"), encoding="utf-8")
-    return load_module(path, "_pallasgen_several_products")
+    return module_from_spec(tmp_path_factory, SPEC, "glu")
 
 
 @pytest.fixture(params=["tpu", "gpu"])
 def path(request, module, monkeypatch):
     """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
-    if request.param == "gpu":
-        take_gpu_branch(monkeypatch, module)
-    yield request.param
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
+    with on_path(module, request.param, monkeypatch) as path:
+        yield path
 
 
 def inputs_and_cotangent(module, kernel: str, seed: int = 0):

@@ -23,11 +23,11 @@ from kernel_cases import (
     assert_product_cotangent_close,
     assert_triton_compiles_masked,
     f64,
-    load_module,
-    take_gpu_branch,
+    module_from_spec,
+    on_path,
 )
 from pallasgen.devices import compile_only
-from pallasgen.workspace.pipeline import check_source, generate
+from pallasgen.workspace.pipeline import check_source
 
 SPEC = """\
 kernel w8 {
@@ -88,21 +88,14 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "i8": jnp.int8}
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    path = tmp_path_factory.mktemp("transposed_operands") / "quantized.py"
-    path.write_text(generate(SPEC, "specs/quantized.pallas", "specs/quantized.pallas"), encoding="utf-8")
-    return load_module(path, "_pallasgen_transposed_operands")
+    return module_from_spec(tmp_path_factory, SPEC, "quantized")
 
 
 @pytest.fixture(params=["tpu", "gpu"])
 def path(request, module, monkeypatch):
     """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
-    if request.param == "gpu":
-        take_gpu_branch(monkeypatch, module)
-    yield request.param
-    for kernel in KERNELS:
-        getattr(module, kernel).clear_cache()
+    with on_path(module, request.param, monkeypatch) as path:
+        yield path
 
 
 def inputs_and_cotangent(module, kernel: str, seed: int = 0):
