@@ -2,8 +2,8 @@
 users write them: int8 weight-only matmul `x @ bf16(w).T` (weights stored [out, in] as
 nn.Linear stores them), with a per-channel scale, and an f32 `x @ (w * g).T`.
 
-The operand is computed again by a kernel of its own (NAME_rhs) and read transposed by
-the product kernels as the forward reads it. An integer weight has no cotangent: no
+The product kernel that reads the operand computes it in its tiles (`dy @ bf16(w)`: the
+int8 weights are read, no bf16 copy written). An integer weight has no cotangent: no
 kernel computes the operand's (`drhs`, a whole product), and the forward pass saves
 nothing for it. Each kernel is differentiated on both paths (TPU and Triton kernels in
 interpret mode) at ragged sizes against float64 NumPy derivatives written here by hand,
@@ -128,14 +128,15 @@ def gradient(name: str):
 
 
 def test_an_integer_weights_operand_gets_no_cotangent_and_nothing_saved():
-    """w8's backward pass computes bf16(w) again and dx = dy @ rhs: no kernel computes the
+    """w8's backward pass is one kernel, dx = dy @ bf16(w): it reads the int8 weights and
+    converts them in its tiles (no kernel writes a bf16 copy), no kernel computes the
     operand's cotangent (dy.T @ x, a product as large as the forward's), and the forward
     saves nothing."""
     w8 = gradient("w8")
-    assert [k.checked.kernel.name for k in w8.kernels] == ["w8_rhs", "w8_backward_x"]
-    assert w8.residuals == () and w8.recomputed == ("rhs",)
+    (dx,) = w8.kernels
+    assert dx.checked.kernel.name == "w8_backward_x" and w8.residuals == ()
+    assert [(a.name, a.source) for a in dx.arguments] == [("y", "cotangent"), ("w", "input")]
     assert [k.checked.kernel.name for k in gradient("w8_scaled").kernels] == [
-        "w8_scaled_rhs",
         "w8_scaled_backward_epilogue",
         "w8_scaled_backward_over_m",
         "w8_scaled_backward_x",
@@ -143,10 +144,10 @@ def test_an_integer_weights_operand_gets_no_cotangent_and_nothing_saved():
 
 
 def test_a_float_weights_operand_cotangent_goes_through_the_operands_derivative():
-    scaled_t = gradient("scaled_t")
-    names = [k.checked.kernel.name for k in scaled_t.kernels]
+    """x @ (w * g).T: dx = dy @ (w * g) computes the operand in its tiles; drhs = dy.T @ x,
+    then the operand's derivative takes it to dw and dg (summed over N)."""
+    names = [k.checked.kernel.name for k in gradient("scaled_t").kernels]
     assert names == [
-        "scaled_t_rhs",
         "scaled_t_backward_x",
         "scaled_t_backward_rhs",
         "scaled_t_rhs_backward",

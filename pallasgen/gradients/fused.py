@@ -280,10 +280,13 @@ def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
         return argument
 
     product_steps = [
-        Step(
-            s.kernel,
-            tuple(operand(a) for a in s.arguments),
-            tuple(prologue.cotangent if r == prologue.name else r for r in s.results),
+        _inlined(
+            Step(
+                s.kernel,
+                tuple(operand(a) for a in s.arguments),
+                tuple(prologue.cotangent if r == prologue.name else r for r in s.results),
+            ),
+            prologue,
         )
         for s in steps
     ]
@@ -299,6 +302,41 @@ def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
     recomputed = [s.name for s in kernel.body if isinstance(s, ir.Let)] if recomputing else []
     recomputed += [prologue.name, *(r.name for r in wanted)] if recomputing else []
     return [*recomputing, *product_steps, *backward], [*recomputed, *derived.recomputed]
+
+
+def _inlined(step: Step, prologue: _Prologue) -> Step:
+    """The step computing the operand itself where it reads it and the operand is an
+    elementwise value of inputs (`bf16(w)`: the kernel reads w's int8 and converts it in
+    its tiles, and no kernel writes the bf16 copy); else the step as it is."""
+    argument = Argument(prologue.name, "backward")
+    checked = prologue.checked
+    kernel = step.kernel
+    if argument not in step.arguments or len(checked.kernel.body) > 1 or any(d.reductions for d in checked.space.dims):
+        return step
+    (assign,) = checked.kernel.body
+    arrays = {decl.name: (decl, a) for decl, a in zip(kernel.inputs, step.arguments) if a != argument}
+    for decl in checked.kernel.inputs:
+        if arrays.setdefault(decl.name, (decl, Argument(decl.name, "input"))) != (decl, Argument(decl.name, "input")):
+            return step
+    value, position = assign.value, assign.value.position
+    reads = [n for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name) and n.id == prologue.name]
+    read_transposed = [
+        n for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Attribute) and n.value in reads
+    ]
+    # the value as computed is laid out in the kernel's dimension order: as stored, or the other way round
+    for mapping in (
+        dict.fromkeys(reads, value),
+        {**dict.fromkeys(reads, ir.Attribute(value, "T", position, position)), **dict.fromkeys(read_transposed, value)},
+    ):
+        inlined = dataclasses.replace(
+            kernel,
+            inputs=tuple(decl for decl, _ in arrays.values()),
+            params=(*kernel.params, *(p for p in checked.kernel.params if p not in kernel.params)),
+            body=tuple(reverse.replaced(s, mapping) for s in kernel.body),
+        )
+        if not check_kernel(inlined)[1]:
+            return Step(inlined, tuple(a for _, a in arrays.values()), step.results)
+    return step
 
 
 def _recomputing(prologue: _Prologue, residuals: list[Residual], renamed: dict[str, str]) -> Step:
