@@ -87,10 +87,11 @@ def _summed_twice(reverse: Reverse, forward: ir.Kernel, decls, dims: str) -> lis
     blocks = {b.dim: b.size for b in forward.blocks}
     for kept, summed in (dims, dims[::-1]):
         partial = [tuple(d for d in reverse.layout if d in decl.dims or d == kept) for decl in decls]
-        if all(_tiles(dims, kept, blocks[kept]) for dims in partial):
+        if all(_tiles(partial_dims, kept, blocks[kept]) for partial_dims in partial):
             derived, arguments = reverse.kernel(f"{forward.name}_backward_over_{summed.lower()}", decls, summed, kept)
             partials = tuple(o.name for o in derived.outputs)
-            return [Step(derived, arguments, partials), _summing_step(forward, derived.outputs, decls, kept)]
+            outs = [reverse.namer.claim_spec(f"d{decl.name}") for decl in decls]
+            return [Step(derived, arguments, partials), _summing_step(forward, derived.outputs, decls, outs, kept)]
     raise NotYet("an input broadcast over two blocked dimensions whose partial sums no block tiles")
 
 
@@ -101,18 +102,19 @@ def _tiles(dims: tuple[str, ...], dim: str, block: int) -> bool:
     return position > 2 or block % (TPU_SUBLANES if position == 2 else TPU_LANES) == 0
 
 
-def _summing_step(forward: ir.Kernel, partials, decls, dim: str) -> Step:
+def _summing_step(forward: ir.Kernel, partials, decls, names: list[str], dim: str) -> Step:
     """The kernel that sums the partial cotangents of `decls` over the blocked dimension
     `dim` (an input [S, D] of a kernel with B and H blocked: summed over H by the kernel
-    that computes them, over B here): the inputs' cotangents, in their dtypes."""
+    that computes them, over B here): the inputs' cotangents, in their dtypes, under
+    `names`."""
     outs, body = [], []
-    for partial, decl in zip(partials, decls):
+    for partial, decl, name in zip(partials, decls, names):
         position = decl.position
         value = ir.Call("sum", (ir.Name(partial.name, position), ir.Name(dim, position)), position, position)
         if decl.dtype != partial.dtype:
             value = ir.Call(decl.dtype, (value,), position, position)
-        outs.append(dataclasses.replace(decl, name=f"d{decl.name}"))
-        body.append(ir.Assign(outs[-1].name, value, position))
+        outs.append(dataclasses.replace(decl, name=name))
+        body.append(ir.Assign(name, value, position))
     dims = {d for partial in partials for d in partial.dims}
     kernel = ir.Kernel(
         name=f"{forward.name}_backward_over_{dim.lower()}",
