@@ -170,6 +170,16 @@ def test_the_worst_float_element_is_shown_against_its_own_allowance():
     assert "worst element 100.005, reference 100: |diff| 0.005 within the 0.0101 allowed there" in result.describe({})
 
 
+def test_a_gradients_allowance_adds_its_dtypes_error_of_the_cotangents_size():
+    """A product's sum that cancels near 0 keeps its terms' rounding: a gradient's element
+    is allowed its dtype's error of the cotangent's root mean square besides its own."""
+    got, want = [0.5, 100.0, -100.0], [0.0, 100.0, -100.0]
+    assert not runner._compare("k", "grad(x)", got, want, 0.2, 0.0).ok
+    result = runner._compare("k", "grad(x)", got, want, 0.2, 0.0, floor=0.02 * 81.6)
+    assert result.ok
+    assert "(2e-01 x (1 + |reference|) + 1.63, a sum's rounding by the cotangents' size)" in result.describe({})
+
+
 def test_integer_outputs_are_compared_exactly_and_say_so():
     result = runner._compare("k", "mask", [0, 1, 1], [0, 1, 1], runner.TOLERANCE.get("i32", 0.0), 0.0)
     assert result.ok and ", compared exactly;" in result.describe({})
