@@ -8,6 +8,7 @@ share no code with pallasgen or with the generated references (`NAME.reference`)
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import re
@@ -132,6 +133,23 @@ def on_path(module: ModuleType, path: str, monkeypatch):
     yield path
     for name in kernels_in(module):
         getattr(module, name).clear_cache()
+
+
+def abstract_arrays(signature, sizes: dict[str, int]) -> list[jax.ShapeDtypeStruct]:
+    """Abstract arrays of a kernel's inputs, given as (dtype, dimensions) pairs."""
+    return [jax.ShapeDtypeStruct([sizes[d] for d in dims], NUMPY_DTYPES[dtype]) for dtype, dims in signature]
+
+
+def compiled_gradient(kernel_fn, argnums: tuple[int, ...], **keywords):
+    """jax.grad, by the inputs `argnums`, of the sum of a kernel's outputs with
+    interpret=False: the forward kernel that saves its residuals and every backward
+    kernel, as the real compilers take them."""
+    forward = functools.partial(kernel_fn, interpret=False, **keywords)
+
+    def loss(*arrays):
+        return sum(jnp.sum(out.astype(jnp.float32)) for out in jax.tree.leaves(forward(*arrays)))
+
+    return jax.grad(loss, argnums=argnums)
 
 
 def kernels_in(module: ModuleType) -> list[str]:

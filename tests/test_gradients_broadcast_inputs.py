@@ -19,7 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import assert_triton_compiles_masked, f64, module_from_spec, on_path
+from kernel_cases import (
+    abstract_arrays,
+    compiled_gradient,
+    assert_triton_compiles_masked,
+    f64,
+    module_from_spec,
+    on_path,
+)
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
 
@@ -78,7 +85,7 @@ def path(request, module, monkeypatch):
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct([RAGGED[d] for d in dims], DTYPES[dtype]) for dtype, dims in KERNELS[kernel][0]]
+    return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -131,9 +138,8 @@ compiled = pytest.mark.skipif(
 
 
 def gradient_of(module, kernel: str, **keywords):
-    forward = functools.partial(getattr(module, kernel), interpret=False, **keywords)
-    loss = lambda *a: sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(forward(*a)))  # noqa: E731
-    return jax.grad(loss, argnums=tuple(range(len(KERNELS[kernel][0]))))
+    """jax.grad by every input (all float)."""
+    return compiled_gradient(getattr(module, kernel), tuple(range(len(KERNELS[kernel][0]))), **keywords)
 
 
 @compiled

@@ -26,6 +26,8 @@ import pytest
 from jax._src.mesh import AbstractDevice
 
 from kernel_cases import (
+    abstract_arrays,
+    compiled_gradient,
     assert_product_cotangent_close as assert_close,
     assert_triton_compiles_masked,
     f64,
@@ -227,15 +229,12 @@ compiled = pytest.mark.skipif(
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad of the kernel's outputs' sum, by every float input: the forward kernel
-    that saves the residuals and every backward kernel."""
-    forward = functools.partial(getattr(module, kernel), interpret=False, **keywords)
-    inputs, _ = KERNELS[kernel]
-    return jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)), argnums=tuple(range(len(inputs))))
+    """jax.grad by every input (all float)."""
+    return compiled_gradient(getattr(module, kernel), tuple(range(len(KERNELS[kernel][0]))), **keywords)
 
 
-def shapes(kernel: str, sizes=RAGGED) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct([sizes[d] for d in dims], DTYPES[dtype]) for dtype, dims in KERNELS[kernel][0]]
+def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
+    return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
 
 @compiled

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    abstract_arrays,
+    compiled_gradient,
     assert_product_cotangent_close,
     assert_triton_compiles_masked,
     f64,
@@ -161,14 +163,13 @@ compiled = pytest.mark.skipif(
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad of the kernel's output's sum by its float inputs."""
-    forward = functools.partial(getattr(module, kernel), interpret=False, **keywords)
+    """jax.grad by the float inputs."""
     floats = tuple(i for i, (dtype, _) in enumerate(KERNELS[kernel][0]) if dtype != "i8")
-    return jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)), argnums=floats)
+    return compiled_gradient(getattr(module, kernel), floats, **keywords)
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct([RAGGED[d] for d in dims], DTYPES[dtype]) for dtype, dims in KERNELS[kernel][0]]
+    return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
 
 @compiled

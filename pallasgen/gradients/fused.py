@@ -199,10 +199,9 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     product = product_of_inputs(kernel)  # of one dtype: `_converted_operands`
     acc = namer.claim_spec("acc")
     epilogue_kernel = product_gradients._epilogue(kernel, (product,), (acc,))
-    read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
-    operands = [o.name for o in product.operands if o.name in read]
-    if operands:  # the epilogue takes the product's result, not its operands
-        return f"an output that reads the product's operand {operands[0]} beside the product"
+    not_yet = product_gradients.operand_beside(epilogue_kernel, (product,))
+    if not_yet:
+        return not_yet
     epilogue, problems = check_kernel(epilogue_kernel)
     if problems:
         return f"an epilogue that fails a check ({problems[0].message})"

@@ -63,10 +63,9 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     namer = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))])
     accs = tuple(namer.claim_spec("acc" if len(products) == 1 else f"acc{i}") for i in range(1, len(products) + 1))
     epilogue_kernel = _epilogue(kernel, products, accs)
-    read = {n.id for s in epilogue_kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
-    operands = [o.name for product in products for o in product.operands if o.name in read]
-    if operands:  # the epilogue takes the products' results, not their operands
-        return f"an output that reads the product's operand {operands[0]} beside the product"
+    not_yet = operand_beside(epilogue_kernel, products)
+    if not_yet:
+        return not_yet
     epilogue, problems = check_kernel(epilogue_kernel)
     if problems:  # what the forward's checks pass, its epilogue passes: never expected
         return f"an epilogue that fails a check ({problems[0].message})"
@@ -117,6 +116,14 @@ def _not_generated_yet(product: Product) -> str | None:
     if product.lhs.dims[:-2] != product.rhs.dims[:-2]:
         return "a product whose operands have different batch dimensions"
     return None
+
+
+def operand_beside(epilogue: ir.Kernel, products: tuple[Product, ...]) -> str | None:
+    """What an epilogue that reads a product's operand beside its value has (the
+    epilogue takes the products' results, not their operands); None where it reads none."""
+    read = {n.id for s in epilogue.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
+    operands = [o.name for product in products for o in product.operands if o.name in read]
+    return f"an output that reads the product's operand {operands[0]} beside the product" if operands else None
 
 
 def _epilogue(kernel: ir.Kernel, products: tuple[Product, ...], accs: tuple[str, ...]) -> ir.Kernel:
